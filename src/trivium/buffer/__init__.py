@@ -1,0 +1,7 @@
+"""Where data waits between components: task sets read from files, and the explorer→trainer queue."""
+
+from trivium.buffer.queue import ExperienceQueue, QueueClosed
+from trivium.buffer.task_files import TaskDataError
+from trivium.buffer.task_reader import TaskSetReader
+
+__all__ = ["ExperienceQueue", "QueueClosed", "TaskDataError", "TaskSetReader"]

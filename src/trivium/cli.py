@@ -1,0 +1,142 @@
+"""The ``trivium`` command line: run | check-config | make-tiny | plot.
+
+Heavy imports (torch, transformers) happen inside the commands, so ``trivium --help`` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="trivium", description="Reinforcement fine-tuning of LLMs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="run a config (all its stages)")
+    p.add_argument("--config", "-c", required=True, help="YAML config file")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a field, e.g. --set trainer.lr=1e-5 (repeatable)",
+    )
+    p.add_argument("--overwrite", action="store_true", help="delete an existing run folder of the same name")
+    p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("check-config", help="validate a config and print it resolved, or list its problems")
+    p.add_argument("config", help="YAML config file")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.set_defaults(func=_cmd_check)
+
+    p = sub.add_parser(
+        "make-tiny", help="create a tiny tokenizer + causal LM folder (for tests and CPU runs)"
+    )
+    p.add_argument("out", help="output folder")
+    p.add_argument(
+        "--corpus",
+        nargs="*",
+        default=[],
+        help="JSON/JSONL files whose text trains the tokenizer (default: generated word problems)",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hidden-size", type=int, default=128)
+    p.add_argument("--num-layers", type=int, default=4)
+    p.add_argument("--num-heads", type=int, default=4)
+    p.add_argument("--num-kv-heads", type=int, default=2)
+    p.add_argument("--intermediate-size", type=int, default=512)
+    p.add_argument("--vocab-size", type=int, default=384)
+    p.add_argument("--architecture", choices=["qwen2", "llama"], default="qwen2")
+    p.set_defaults(func=_cmd_make_tiny)
+
+    p = sub.add_parser("plot", help="draw reward, eval accuracy and loss of a run into a PNG")
+    p.add_argument("run_dir", help="run folder (holds metrics.jsonl)")
+    p.add_argument("--out", default=None, help="PNG path (default: RUN_DIR/curves.png)")
+    p.set_defaults(func=_cmd_plot)
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return args.func(args)
+
+
+def _cmd_run(args) -> int:
+    from trivium.config import ConfigError, load_config
+
+    try:
+        run_cfg = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    from trivium.launch.run import RunFolderExists, run
+
+    try:
+        run_dir = run(run_cfg, overwrite=args.overwrite)
+    except RunFolderExists as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    print(f"run folder: {run_dir}  (plot it: trivium plot {run_dir})")
+    return 0
+
+
+def _cmd_check(args) -> int:
+    import yaml
+
+    from trivium.config import ConfigError, load_config
+
+    try:
+        run_cfg = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    for stage in run_cfg.stages:
+        print(f"# stage: {stage.name}")
+        print(yaml.safe_dump(stage.config.model_dump(mode="json", exclude={"stages"}), sort_keys=False))
+    print(f"OK: {args.config} is valid ({len(run_cfg.stages)} stage(s)).", file=sys.stderr)
+    return 0
+
+
+def _cmd_make_tiny(args) -> int:
+    from trivium.config.schema import TinyModelConfig
+    from trivium.launch.build import corpus_lines
+    from trivium.models.tiny import make_tiny
+
+    if args.corpus:
+        corpus = list(corpus_lines(TinyModelConfig(corpus=args.corpus)))
+    else:
+        from trivium.tasks.word_problems import corpus as wp_corpus
+        from trivium.tasks.word_problems import generate_rows
+
+        corpus = list(wp_corpus(generate_rows(2000, seed=args.seed)))
+    out = make_tiny(
+        args.out,
+        corpus,
+        vocab_size=args.vocab_size,
+        hidden_size=args.hidden_size,
+        num_layers=args.num_layers,
+        num_heads=args.num_heads,
+        num_kv_heads=args.num_kv_heads,
+        intermediate_size=args.intermediate_size,
+        architecture=args.architecture,
+        seed=args.seed,
+    )
+    print(f"tiny model written to {out}")
+    return 0
+
+
+def _cmd_plot(args) -> int:
+    from trivium.monitor.plot import plot_run
+
+    try:
+        out = plot_run(args.run_dir, args.out)
+    except FileNotFoundError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    print(f"plot written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

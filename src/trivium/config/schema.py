@@ -1,0 +1,237 @@
+"""The configuration schema: one pydantic model per component, the single home of every default.
+
+Each field has a type, a default and a docstring (pydantic reads attribute docstrings), so
+``trivium check-config`` and generated docs come from this file alone. Models forbid unknown keys.
+Checks that involve several fields or the outside world (files, registries) live in ``validate.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+class TinyModelConfig(StrictModel):
+    """Recipe for a tiny model created at ``model.path`` when that folder does not exist yet."""
+
+    corpus: list[str] = Field(default_factory=list)
+    """JSON/JSONL files whose string fields train the tokenizer (relative to the config file's folder)."""
+    vocab_size: int = Field(384, ge=261)
+    """BPE vocabulary size: 256 byte tokens + 5 special tokens + learned merges."""
+    hidden_size: int = Field(128, ge=8)
+    """Width of the transformer."""
+    num_layers: int = Field(4, ge=1)
+    """Number of decoder layers."""
+    num_heads: int = Field(4, ge=1)
+    """Attention heads; must divide hidden_size."""
+    num_kv_heads: int = Field(2, ge=1)
+    """Key/value heads (grouped-query attention); must divide num_heads."""
+    intermediate_size: int = Field(512, ge=8)
+    """MLP width."""
+    architecture: Literal["qwen2", "llama"] = "qwen2"
+    """transformers architecture to instantiate."""
+    seed: int = 0
+    """Seed for the weights; the same seed and corpus give byte-identical files."""
+
+
+class ModelConfig(StrictModel):
+    path: str = ""
+    """Local folder with a Hugging Face causal LM and tokenizer (or a hub id when online)."""
+    tiny: TinyModelConfig | None = None
+    """If set and ``path`` does not exist, create a tiny model there first (tests, teaching, CPU runs)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Dtype of the trained weights. float32 is exact on CPU; bfloat16 halves memory on GPUs."""
+    device: str = "auto"
+    """'auto' (cuda when available, else cpu), 'cpu', 'cuda' or 'cuda:N'."""
+
+
+class RolloutConfig(StrictModel):
+    engine_type: Literal["transformers"] = "transformers"
+    """Rollout engine. 'transformers': in-process decode loop over the HF model with a KV cache."""
+    temperature: float = Field(1.0, ge=0.0)
+    """Sampling temperature; 0 means greedy. Trainer log-probs use the same temperature."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass; 1.0 turns it off."""
+    top_k: int = Field(0, ge=0)
+    """Sample among the k most likely tokens; 0 turns it off."""
+    max_tokens: int = Field(64, ge=1)
+    """Maximum generated tokens per response; also C of the seq-mean-token-sum-norm aggregation."""
+    stop: list[str] = Field(default_factory=list)
+    """Extra stop strings (EOS always stops)."""
+
+
+class EvalConfig(StrictModel):
+    temperature: float = Field(0.0, ge=0.0)
+    """Sampling temperature for evaluation; 0 = greedy."""
+    repeat_times: int = Field(1, ge=1)
+    """Samples per eval task; accuracy is averaged over them."""
+
+
+class ExplorerConfig(StrictModel):
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    """How responses are sampled."""
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    """How eval task sets are sampled."""
+    eval_interval: int = Field(10, ge=0)
+    """Evaluate every this many steps (and always at the end); 0 = only at the start and the end."""
+    eval_at_start: bool = True
+    """Evaluate the starting model before the first step (the baseline of the learning curve)."""
+    max_concurrency: int = Field(0, ge=0)
+    """Workflow runs in flight at once; their model calls are batched together. 0 = one per task."""
+
+
+class TaskSetConfig(StrictModel):
+    path: str = ""
+    """JSON, JSONL or Parquet file (or a folder of them), relative to the config file's folder."""
+    name: str = ""
+    """Name used in task ids, metrics and errors; defaults to the file stem."""
+    split: str = "train"
+    """Split name passed to the HF datasets loader."""
+    fields: dict[str, str] = Field(default_factory=dict)
+    """Map from the workflow's field name to the column in the file, e.g. {question: problem}."""
+    workflow: str = "math"
+    """Registered workflow that runs each task."""
+    workflow_args: dict[str, Any] = Field(default_factory=dict)
+    """Extra arguments for the workflow (e.g. prompt_template, system_prompt)."""
+    reward_fn: str = "math_verify"
+    """Registered reward function."""
+    repeat_times: int = Field(8, ge=1)
+    """Responses sampled per task (the GRPO group size)."""
+    shuffle: bool = True
+    """Shuffle the rows every epoch (seeded: the order depends only on the seed and the epoch)."""
+    on_bad_row: Literal["error", "skip"] = "error"
+    """A row with a missing, mistyped or empty field: stop with an error naming it, or skip and count it."""
+    max_rows: int | None = Field(None, ge=1)
+    """Use only the first N rows (quick runs)."""
+
+
+class SftDatasetConfig(StrictModel):
+    path: str = ""
+    """JSON, JSONL or Parquet file of demonstrations, relative to the config file's folder."""
+    fields: dict[str, str] = Field(default_factory=dict)
+    """Map from 'prompt'/'response' to the columns in the file, e.g. {prompt: question, response: answer}."""
+    system_prompt: str | None = None
+    """Optional system message put before every prompt."""
+    shuffle: bool = True
+    """Shuffle every epoch (seeded)."""
+    on_bad_row: Literal["error", "skip"] = "error"
+    """A row with a missing, mistyped or empty field: stop with an error naming it, or skip and count it."""
+    max_rows: int | None = Field(None, ge=1)
+    """Use only the first N rows."""
+
+
+class BufferConfig(StrictModel):
+    batch_size: int = Field(16, ge=1)
+    """Tasks per explore step (online modes) or examples per train step (train mode)."""
+    total_steps: int | None = Field(None, ge=1)
+    """Steps to run; if unset, total_epochs passes over the training data decide."""
+    total_epochs: int = Field(1, ge=1)
+    """Passes over the task set / dataset when total_steps is unset."""
+    taskset: TaskSetConfig | None = None
+    """Tasks the explorer learns from (modes that explore)."""
+    eval_tasksets: list[TaskSetConfig] = Field(default_factory=list)
+    """Task sets evaluated every explorer.eval_interval steps."""
+    sft_dataset: SftDatasetConfig | None = None
+    """Demonstrations for SFT in train mode."""
+    queue_capacity: int = Field(0, ge=0)
+    """Experiences the in-process queue holds before the explorer blocks; 0 = two train batches."""
+
+
+class KLLossConfig(StrictModel):
+    coef: float = Field(0.0, ge=0.0)
+    """β of the KL loss term; 0 turns it off (and no reference model is loaded)."""
+    estimator: Literal["k1", "k2", "k3", "low_var_kl", "abs"] = "k3"
+    """KL estimator (ALGORITHMS.md §2.1)."""
+
+
+class AlgorithmConfig(StrictModel):
+    algorithm_type: str = "grpo"
+    """Preset naming the parts below (grpo, sft)."""
+    advantage_fn: str | None = None
+    """Override the preset's advantage function (registered name or 'module:function')."""
+    advantage_args: dict[str, Any] = Field(default_factory=dict)
+    """Arguments merged over the preset's advantage arguments."""
+    policy_loss_fn: str | None = None
+    """Override the preset's policy loss (registered name or 'module:function')."""
+    policy_loss_args: dict[str, Any] = Field(default_factory=dict)
+    """Arguments merged over the preset's policy-loss arguments (e.g. clip_low, clip_high)."""
+    loss_agg_mode: str | None = None
+    """Override the preset's aggregation: token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm."""
+    kl_loss: KLLossConfig = Field(default_factory=KLLossConfig)
+    """KL-to-reference loss term."""
+
+
+class TrainerConfig(StrictModel):
+    lr: float = Field(1e-4, gt=0.0)
+    """Peak AdamW learning rate."""
+    weight_decay: float = Field(0.0, ge=0.0)
+    """AdamW decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    lr_scheduler: Literal["constant", "cosine", "linear"] = "constant"
+    """Learning-rate schedule after warm-up."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warm-up steps (optimizer steps)."""
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
+    """Final learning rate of the cosine/linear schedule, as a fraction of lr."""
+    grad_clip: float = Field(1.0, ge=0.0)
+    """Clip the global gradient norm to this; 0 turns clipping off."""
+    ppo_epochs: int = Field(1, ge=1)
+    """Passes over each batch."""
+    mini_batch_size: int = Field(0, ge=0)
+    """Experiences per optimizer step; 0 = the whole batch (one update per batch and epoch)."""
+    micro_batch_size: int = Field(32, ge=1)
+    """Rows per forward/backward pass; the loss does not depend on it (global denominators)."""
+    pack_length: int | None = Field(None, ge=1)
+    """Pack sequences into rows of this many tokens instead of padding each to the longest."""
+    save_interval: int = Field(0, ge=0)
+    """Save a checkpoint every this many steps (and always at the end); 0 = only at the end."""
+    keep_checkpoints: int = Field(2, ge=1)
+    """Most recent step checkpoints kept on disk."""
+
+
+class SynchronizerConfig(StrictModel):
+    method: Literal["memory"] = "memory"
+    """How new weights reach the rollout model. memory: in-process copy with a version number."""
+    sync_interval: int = Field(1, ge=1)
+    """Trainer steps between weight syncs (1 = strictly on-policy)."""
+
+
+class MonitorConfig(StrictModel):
+    progress_bar: bool = True
+    """Show a console progress bar with reward, accuracy and loss."""
+
+
+class TriviumConfig(StrictModel):
+    project: str = "trivium"
+    """Project folder under checkpoint_root."""
+    name: str = "run"
+    """Run name; the run folder is {checkpoint_root}/{project}/{name}."""
+    checkpoint_root: str = "runs"
+    """Root of run folders, relative to the working directory."""
+    mode: Literal["both", "train"] = "both"
+    """both: explorer + trainer (online RL); train: trainer only, from a dataset (SFT)."""
+    seed: int = 0
+    """Seed for Python, torch and data order."""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """The policy model."""
+    explorer: ExplorerConfig = Field(default_factory=ExplorerConfig)
+    """Rollout and evaluation."""
+    buffer: BufferConfig = Field(default_factory=BufferConfig)
+    """Task sets, datasets and the experience queue."""
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    """The learning algorithm and its parts."""
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    """Optimisation and checkpoints."""
+    synchronizer: SynchronizerConfig = Field(default_factory=SynchronizerConfig)
+    """Weight synchronisation from trainer to explorer."""
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
+    """Metrics and progress display."""
+    stages: list[dict[str, Any]] = Field(default_factory=list)
+    """Stages run in order, each from the previous stage's final weights. Each entry has a 'name' and
+    any top-level sections to override (mode, buffer, algorithm, trainer, ...)."""

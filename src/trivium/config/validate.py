@@ -1,0 +1,287 @@
+"""Checks that span several fields or look outside the config: files, registries, devices.
+
+Pure: every check only reads; problems are returned, never raised one by one, never fixed silently.
+A config that will fail at run time should fail here, before any model is loaded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trivium.config.errors import Problem, did_you_mean, join_path
+from trivium.config.schema import TaskSetConfig, TriviumConfig
+
+
+def resolve_paths(cfg: TriviumConfig, base_dir: Path) -> TriviumConfig:
+    """Make data and model paths absolute, relative to the config file's folder.
+
+    A relative ``model.path`` that does not exist there is kept as written: it may be a hub id.
+    """
+
+    def local(p: str) -> str:
+        if not p or Path(p).is_absolute():
+            return p
+        return str((base_dir / p).resolve())
+
+    data = cfg.model_dump()
+    model_path = data["model"]["path"]
+    if model_path and not Path(model_path).is_absolute():
+        candidate = base_dir / model_path
+        if candidate.exists() or model_path.startswith(".") or data["model"]["tiny"] is not None:
+            data["model"]["path"] = str(candidate.resolve())
+    if data["model"]["tiny"] is not None:
+        data["model"]["tiny"]["corpus"] = [local(p) for p in data["model"]["tiny"]["corpus"]]
+    buf = data["buffer"]
+    for ts in [buf["taskset"], *buf["eval_tasksets"], buf["sft_dataset"]]:
+        if ts is not None:
+            ts["path"] = local(ts["path"])
+    return TriviumConfig.model_validate(data)
+
+
+def check_semantics(cfg: TriviumConfig, prefix: str = "", check_files: bool = True) -> list[Problem]:
+    def at(path: str) -> str:
+        return join_path(prefix, path) if prefix else path
+
+    problems: list[Problem] = []
+    problems += _check_model(cfg, at, check_files)
+    problems += _check_algorithm(cfg, at)
+    problems += _check_data(cfg, at, check_files)
+    return problems
+
+
+def _check_model(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
+    out = []
+    m = cfg.model
+    if not m.path and m.tiny is None:
+        out.append(
+            Problem(
+                at("model.path"),
+                m.path,
+                "a model is required",
+                "set model.path to a local Hugging Face folder, or model.tiny to create a tiny model",
+            )
+        )
+    looks_like_hub_id = m.path.count("/") == 1 and not m.path.startswith((".", "/"))
+    if check_files and m.path and m.tiny is None and not Path(m.path).exists() and not looks_like_hub_id:
+        out.append(
+            Problem(
+                at("model.path"),
+                m.path,
+                "model folder not found",
+                "check the path, or create a tiny test model with `trivium make-tiny PATH`",
+            )
+        )
+    if m.tiny is not None:
+        t = m.tiny
+        if t.hidden_size % t.num_heads:
+            out.append(
+                Problem(
+                    at("model.tiny.num_heads"),
+                    t.num_heads,
+                    "must divide hidden_size",
+                    f"hidden_size is {t.hidden_size}",
+                )
+            )
+        if t.num_heads % t.num_kv_heads:
+            out.append(
+                Problem(
+                    at("model.tiny.num_kv_heads"),
+                    t.num_kv_heads,
+                    "must divide num_heads",
+                    f"num_heads is {t.num_heads}",
+                )
+            )
+        if not t.corpus:
+            out.append(
+                Problem(
+                    at("model.tiny.corpus"),
+                    t.corpus,
+                    "the tokenizer needs a corpus",
+                    "list one or more JSON/JSONL files whose text the tokenizer should learn",
+                )
+            )
+        for i, p in enumerate(t.corpus):
+            if check_files and not Path(p).exists():
+                out.append(Problem(at(f"model.tiny.corpus[{i}]"), p, "file not found", "check the path"))
+    if m.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            out.append(
+                Problem(
+                    at("model.device"),
+                    m.device,
+                    "CUDA is not available on this machine",
+                    "use device: auto (falls back to cpu) or cpu",
+                )
+            )
+    elif m.device not in ("auto", "cpu") and not m.device.startswith("mps"):
+        out.append(Problem(at("model.device"), m.device, "unknown device", "use auto, cpu, cuda or cuda:N"))
+    return out
+
+
+def _check_algorithm(cfg: TriviumConfig, at) -> list[Problem]:
+    from trivium.algorithm.presets import PRESETS
+    from trivium.algorithm.registry import ADVANTAGE_FNS, AGGREGATIONS, POLICY_LOSS_FNS
+
+    out = []
+    a = cfg.algorithm
+    preset = PRESETS.get(a.algorithm_type)
+    if preset is None:
+        hint = did_you_mean(a.algorithm_type, PRESETS)
+        out.append(
+            Problem(
+                at("algorithm.algorithm_type"),
+                a.algorithm_type,
+                "unknown algorithm",
+                (hint + " " if hint else "") + f"valid: {', '.join(sorted(PRESETS))}",
+            )
+        )
+        return out
+    for field, registry in (
+        ("advantage_fn", ADVANTAGE_FNS),
+        ("policy_loss_fn", POLICY_LOSS_FNS),
+        ("loss_agg_mode", AGGREGATIONS),
+    ):
+        name = getattr(a, field)
+        if name is None:
+            continue
+        try:
+            registry.get(name)
+        except (KeyError, ImportError, AttributeError) as exc:
+            out.append(
+                Problem(at(f"algorithm.{field}"), name, str(exc).strip("'\""), "use a registered name")
+            )
+    for fn_field, args_field, registry, default in (
+        ("policy_loss_fn", "policy_loss_args", POLICY_LOSS_FNS, preset.policy_loss_fn),
+        ("advantage_fn", "advantage_args", ADVANTAGE_FNS, preset.advantage_fn),
+    ):
+        name = getattr(a, fn_field) or default
+        args = getattr(a, args_field)
+        if name is None or not args:
+            continue
+        try:
+            registry.check_args(name, {**_preset_args(preset, args_field), **args})
+        except (TypeError, KeyError, ImportError, AttributeError) as exc:
+            out.append(
+                Problem(
+                    at(f"algorithm.{args_field}"),
+                    args,
+                    str(exc).strip("'\""),
+                    f"use only the arguments '{name}' accepts",
+                )
+            )
+    if preset.needs_rollouts and cfg.mode == "train":
+        out.append(
+            Problem(
+                at("mode"),
+                cfg.mode,
+                f"algorithm '{preset.name}' learns from rollouts",
+                "use mode: both, or algorithm_type: sft for training from a dataset",
+            )
+        )
+    if not preset.needs_rollouts and cfg.mode == "both":
+        out.append(
+            Problem(
+                at("mode"), cfg.mode, f"algorithm '{preset.name}' trains from a dataset", "use mode: train"
+            )
+        )
+    return out
+
+
+def _preset_args(preset, args_field: str) -> dict:
+    return dict(getattr(preset, args_field))
+
+
+def _check_data(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
+    from trivium.rewards.registry import REWARD_FNS
+    from trivium.workflows.registry import WORKFLOWS
+
+    out = []
+    buf = cfg.buffer
+    if cfg.mode == "both" and buf.taskset is None:
+        out.append(
+            Problem(at("buffer.taskset"), None, "mode 'both' explores tasks", "set buffer.taskset.path")
+        )
+    if cfg.mode == "train" and buf.sft_dataset is None:
+        out.append(
+            Problem(
+                at("buffer.sft_dataset"),
+                None,
+                "mode 'train' trains from a dataset",
+                "set buffer.sft_dataset.path",
+            )
+        )
+    tasksets: list[tuple[str, TaskSetConfig]] = []
+    if buf.taskset is not None and cfg.mode == "both":
+        tasksets.append(("buffer.taskset", buf.taskset))
+    tasksets += [(f"buffer.eval_tasksets[{i}]", ts) for i, ts in enumerate(buf.eval_tasksets)]
+    for path, ts in tasksets:
+        if not ts.path:
+            out.append(Problem(at(path + ".path"), ts.path, "a task set needs a file", "set its path"))
+        elif check_files and not Path(ts.path).exists():
+            out.append(Problem(at(path + ".path"), ts.path, "file not found", "check the path"))
+        if ts.workflow not in WORKFLOWS:
+            hint = did_you_mean(ts.workflow, WORKFLOWS)
+            out.append(
+                Problem(
+                    at(path + ".workflow"),
+                    ts.workflow,
+                    "unknown workflow",
+                    (hint + " " if hint else "") + f"valid: {', '.join(sorted(WORKFLOWS))}",
+                )
+            )
+        else:
+            known = WORKFLOWS[ts.workflow].fields
+            for key in ts.fields:
+                if key not in known:
+                    hint = did_you_mean(key, known)
+                    out.append(
+                        Problem(
+                            at(f"{path}.fields.{key}"),
+                            ts.fields[key],
+                            f"workflow '{ts.workflow}' has no field '{key}'",
+                            (hint + " " if hint else "") + f"its fields: {', '.join(known)}",
+                        )
+                    )
+        if ts.reward_fn not in REWARD_FNS:
+            hint = did_you_mean(ts.reward_fn, REWARD_FNS)
+            out.append(
+                Problem(
+                    at(path + ".reward_fn"),
+                    ts.reward_fn,
+                    "unknown reward function",
+                    (hint + " " if hint else "") + f"valid: {', '.join(sorted(REWARD_FNS))}",
+                )
+            )
+    if buf.sft_dataset is not None and cfg.mode == "train":
+        sd = buf.sft_dataset
+        if not sd.path:
+            out.append(
+                Problem(at("buffer.sft_dataset.path"), sd.path, "a dataset needs a file", "set its path")
+            )
+        elif check_files and not Path(sd.path).exists():
+            out.append(Problem(at("buffer.sft_dataset.path"), sd.path, "file not found", "check the path"))
+        for key in sd.fields:
+            if key not in ("prompt", "response"):
+                out.append(
+                    Problem(
+                        at(f"buffer.sft_dataset.fields.{key}"),
+                        sd.fields[key],
+                        "unknown field",
+                        "map 'prompt' and 'response' to your columns",
+                    )
+                )
+    if cfg.mode == "both" and buf.taskset is not None:
+        batch = buf.batch_size * buf.taskset.repeat_times
+        mini = cfg.trainer.mini_batch_size
+        if mini and batch % mini:
+            out.append(
+                Problem(
+                    at("trainer.mini_batch_size"),
+                    mini,
+                    f"must divide the train batch (batch_size × repeat_times = {batch})",
+                    "pick a divisor, or 0 for one update per batch",
+                )
+            )
+    return out

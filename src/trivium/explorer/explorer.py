@@ -1,0 +1,155 @@
+"""The explorer: runs workflows over tasks with the rollout model and hands experiences to the buffer.
+
+Workflows of one step run concurrently in threads; each is a registered worker of the batching rollout
+model, so their model calls are sampled in one batch (as many prompts as tasks in flight). The explorer
+stamps what a workflow cannot know: the group id (one per task per step), the model version and the
+step. A workflow that raises fails its task only; the failure is counted and logged with the task id.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from trivium.models.handle import ModelHandle
+from trivium.models.protocol import SamplingParams
+from trivium.types import Experience, Task
+from trivium.workflows.registry import get_workflow
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TaskResult:
+    task: Task
+    experiences: list[Experience]
+    error: BaseException | None = None
+
+
+class Explorer:
+    def __init__(
+        self,
+        model,  # BatchingRolloutModel: generate(prompts, params, order_key=...), worker(), version
+        *,
+        rollout_params: SamplingParams,
+        eval_params: SamplingParams,
+        taskset=None,  # TaskSetReader or None (eval only)
+        eval_tasksets: Sequence = (),
+        queue=None,  # ExperienceQueue or None (eval only)
+        batch_size: int = 1,
+        max_concurrency: int = 0,
+    ):
+        self.model = model
+        self.rollout_params = rollout_params
+        self.eval_params = eval_params
+        self.taskset = taskset
+        self.eval_tasksets = list(eval_tasksets)
+        self.queue = queue
+        self.batch_size = batch_size
+        self.max_concurrency = max_concurrency
+        self.next_group_id = 0
+        self.failed_tasks = 0
+
+    def explore_step(self, step: int) -> dict[str, float]:
+        """Run one batch of tasks, write their experiences to the queue, return rollout metrics."""
+        t0 = time.perf_counter()
+        tasks = self.taskset.next_batch(self.batch_size)
+        version = self.model.version
+        results = self.run_tasks(tasks, self.rollout_params, use_repeat_times=True)
+        gen_seconds = time.perf_counter() - t0
+        experiences = []
+        for r in results:
+            group = self.next_group_id
+            self.next_group_id += 1
+            experiences += [
+                e.replace(group_id=group, model_version=version, explore_step=step) for e in r.experiences
+            ]
+        t1 = time.perf_counter()
+        self.queue.put(experiences)
+        metrics = summarize(experiences, "rollout")
+        metrics.update(
+            {
+                "rollout/tasks": float(len(tasks)),
+                "rollout/failed_tasks": float(sum(r.error is not None for r in results)),
+                "rollout/seconds": gen_seconds,
+                "rollout/tokens_per_s": metrics.get("rollout/response_tokens", 0.0) / max(gen_seconds, 1e-9),
+                "rollout/queue_wait_seconds": time.perf_counter() - t1,
+                "rollout/model_version": float(version),
+            }
+        )
+        skipped = getattr(self.taskset, "skipped_rows", 0)
+        if skipped:
+            metrics["rollout/skipped_rows"] = float(skipped)
+        return metrics
+
+    def evaluate(self) -> dict[str, float]:
+        """Accuracy, reward and length on every eval task set (no experience reaches the buffer)."""
+        metrics: dict[str, float] = {}
+        for reader in self.eval_tasksets:
+            t0 = time.perf_counter()
+            results = self.run_tasks(reader.all_tasks(), self.eval_params, use_repeat_times=False)
+            experiences = [e for r in results for e in r.experiences]
+            prefix = f"eval/{reader.name}"
+            metrics.update(summarize(experiences, prefix))
+            metrics[f"{prefix}/failed_tasks"] = float(sum(r.error is not None for r in results))
+            metrics[f"{prefix}/seconds"] = time.perf_counter() - t0
+        return metrics
+
+    def run_tasks(
+        self, tasks: Sequence[Task], params: SamplingParams, use_repeat_times: bool
+    ) -> list[TaskResult]:
+        """Run every task's workflow concurrently; model calls are batched across them."""
+        if not tasks:
+            return []
+        workers = min(len(tasks), self.max_concurrency or len(tasks))
+
+        def one(item: tuple[int, Task]) -> TaskResult:
+            order, task = item
+            n = task.repeat_times if use_repeat_times else params.n
+            handle = ModelHandle(self.model, dataclasses.replace(params, n=n), order_key=order)
+            with self.model.worker():
+                try:
+                    workflow = get_workflow(task.workflow)(**dict(task.workflow_args))
+                    return TaskResult(task, workflow.run(task, handle))
+                except Exception as exc:  # one task fails, the step goes on
+                    log.warning("task %s failed in workflow '%s': %r", task.task_id, task.workflow, exc)
+                    return TaskResult(task, [], exc)
+
+        # Announcing the workers up front makes each engine batch hold the same requests whatever the
+        # thread timing, so a seeded run samples the same tokens every time.
+        with (
+            self.model.expect_workers(len(tasks), concurrency=workers),
+            ThreadPoolExecutor(max_workers=workers, thread_name_prefix="workflow") as pool,
+        ):
+            results = list(pool.map(one, enumerate(tasks)))
+        failures = [r for r in results if r.error is not None]
+        self.failed_tasks += len(failures)
+        if failures and len(failures) == len(results):
+            raise RuntimeError(
+                f"every task of the batch failed; first: task {failures[0].task.task_id}: {failures[0].error!r}"
+            ) from failures[0].error
+        return results
+
+
+def summarize(experiences: Sequence[Experience], prefix: str) -> dict[str, float]:
+    """Mean reward, accuracy and response length of experiences, plus every numeric workflow metric."""
+    if not experiences:
+        return {f"{prefix}/count": 0.0}
+    n = len(experiences)
+    rewards = [e.reward for e in experiences]
+    mean = sum(rewards) / n
+    out = {
+        f"{prefix}/count": float(n),
+        f"{prefix}/reward_mean": mean,
+        f"{prefix}/reward_std": (sum((r - mean) ** 2 for r in rewards) / max(1, n - 1)) ** 0.5,
+        f"{prefix}/response_tokens": float(sum(e.response_length for e in experiences)),
+    }
+    keys = sorted({k for e in experiences for k in e.metrics})
+    for k in keys:
+        values = [e.metrics[k] for e in experiences if k in e.metrics]
+        out[f"{prefix}/{k}"] = sum(values) / len(values)
+    return out

@@ -1,0 +1,131 @@
+"""Turn a validated stage config into live components: model, tokenizer, engine, readers, explorer, trainer.
+
+The only place that knows how components are wired; every component receives its collaborators.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+from pathlib import Path
+
+import torch
+
+from trivium.config.schema import TaskSetConfig, TinyModelConfig, TriviumConfig
+from trivium.models.protocol import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+def ensure_model(cfg: TriviumConfig, run_dir: Path) -> str:
+    """The model folder to load; creates the tiny model first when ``model.tiny`` asks for it."""
+    path = cfg.model.path or str(run_dir / "base_model")
+    if cfg.model.tiny is not None and not Path(path).exists():
+        from trivium.models.tiny import make_tiny
+
+        log.info("creating tiny model at %s", path)
+        make_tiny(path, corpus_lines(cfg.model.tiny), **tiny_kwargs(cfg.model.tiny))
+    return path
+
+
+def tiny_kwargs(t: TinyModelConfig) -> dict:
+    return {
+        "vocab_size": t.vocab_size,
+        "hidden_size": t.hidden_size,
+        "num_layers": t.num_layers,
+        "num_heads": t.num_heads,
+        "num_kv_heads": t.num_kv_heads,
+        "intermediate_size": t.intermediate_size,
+        "architecture": t.architecture,
+        "seed": t.seed,
+    }
+
+
+def corpus_lines(t: TinyModelConfig):
+    """Every string value of every row of the corpus files (JSON list or JSONL)."""
+    for file in t.corpus:
+        text = Path(file).read_text()
+        rows = (
+            json.loads(text)
+            if text.lstrip().startswith("[")
+            else [json.loads(x) for x in text.splitlines() if x.strip()]
+        )
+        for row in rows:
+            values = row.values() if isinstance(row, dict) else [row]
+            yield from (v for v in values if isinstance(v, str))
+
+
+def load_policy(path: str, cfg: TriviumConfig):
+    from trivium.models.loading import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
+
+    device = resolve_device(cfg.model.device)
+    model = load_causal_lm(path, dtype=resolve_dtype(cfg.model.dtype), device=device)
+    return model, load_tokenizer(path)
+
+
+def build_rollout_model(policy: torch.nn.Module, tokenizer, cfg: TriviumConfig, version: int):
+    """A batching rollout engine over its own copy of the policy weights (synced in memory)."""
+    from trivium.models.batching import BatchingRolloutModel
+    from trivium.models.transformers_engine import TransformersEngine
+
+    engine_model = copy.deepcopy(policy).eval()
+    for p in engine_model.parameters():
+        p.requires_grad_(False)
+    param = next(policy.parameters())
+    engine = TransformersEngine(
+        engine_model, tokenizer, device=param.device, dtype=param.dtype, seed=cfg.seed
+    )
+    engine.version = version
+    return BatchingRolloutModel(engine)
+
+
+def sampling_params(cfg: TriviumConfig) -> tuple[SamplingParams, SamplingParams]:
+    r = cfg.explorer.rollout
+    rollout = SamplingParams(
+        n=1,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        max_tokens=r.max_tokens,
+        stop=tuple(r.stop),
+    )
+    e = cfg.explorer.eval
+    evaluation = SamplingParams(
+        n=e.repeat_times,
+        temperature=e.temperature,
+        top_p=1.0 if e.temperature == 0 else r.top_p,
+        top_k=0 if e.temperature == 0 else r.top_k,
+        max_tokens=r.max_tokens,
+        stop=tuple(r.stop),
+    )
+    return rollout, evaluation
+
+
+def task_reader(ts: TaskSetConfig, seed: int, is_eval: bool):
+    from trivium.buffer.task_reader import TaskSetReader
+    from trivium.workflows.registry import get_workflow
+
+    workflow = get_workflow(ts.workflow)
+    return TaskSetReader(
+        ts.path,
+        name=ts.name or Path(ts.path).stem,
+        fields={**{k: k for k in workflow.fields}, **ts.fields},
+        required=workflow.fields,
+        workflow=ts.workflow,
+        reward_fn=ts.reward_fn,
+        repeat_times=1 if is_eval else ts.repeat_times,
+        workflow_args=ts.workflow_args,
+        is_eval=is_eval,
+        on_bad_row=ts.on_bad_row,
+        shuffle=ts.shuffle and not is_eval,
+        seed=seed,
+        max_rows=ts.max_rows,
+    )
+
+
+def total_steps(cfg: TriviumConfig, dataset_len: int) -> int:
+    if cfg.buffer.total_steps:
+        return cfg.buffer.total_steps
+    return cfg.buffer.total_epochs * math.ceil(dataset_len / cfg.buffer.batch_size)

@@ -1,0 +1,225 @@
+"""``trivium run``: execute a validated run, stage by stage, in this process.
+
+Each stage starts from the previous stage's final weights. Mode ``both`` is the synchronous online loop
+(explore → train → sync → evaluate → save → log); mode ``train`` trains from a dataset (SFT).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+
+from trivium.config.load import RunConfig, Stage
+from trivium.launch import build
+from trivium.monitor.metrics import METRICS_FILE, MetricsWriter, Progress
+from trivium.trainer.checkpoint import prune_checkpoints, save_checkpoint
+from trivium.trainer.trainer import AlgorithmSpec, Trainer
+
+log = logging.getLogger(__name__)
+
+
+class RunFolderExists(RuntimeError):
+    pass
+
+
+def run_dir_of(run: RunConfig) -> Path:
+    c = run.config
+    return Path(c.checkpoint_root) / c.project / c.name
+
+
+def run(run_cfg: RunConfig, overwrite: bool = False) -> Path:
+    run_dir = run_dir_of(run_cfg)
+    if (run_dir / METRICS_FILE).exists():
+        if not overwrite:
+            raise RunFolderExists(
+                f"run folder {run_dir} already holds a run. Resuming a run is not available yet; start a new "
+                f"one with --set name=<new name>, or replace this one with --overwrite."
+            )
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    resolved = {s.name: s.config.model_dump(mode="json") for s in run_cfg.stages}
+    (run_dir / "resolved_config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
+    _quiet_libraries()
+    _seed_everything(run_cfg.config.seed)
+    if not torch.cuda.is_available():
+        torch.set_flush_denormal(True)  # denormals slowed CPU training ~3x as weights shrank
+
+    writer = MetricsWriter(run_dir)
+    state = RunState()
+    try:
+        for stage in run_cfg.stages:
+            run_stage(stage, run_dir, writer, state)
+    finally:
+        writer.close()
+    log.info("run finished: %s", run_dir)
+    return run_dir
+
+
+@dataclass
+class RunState:
+    """What carries from one stage to the next."""
+
+    model: torch.nn.Module | None = None
+    tokenizer: object | None = None
+    global_step: int = 0
+    version: int = 0
+
+
+def run_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunState) -> None:
+    cfg = stage.config
+    if state.model is None:
+        path = build.ensure_model(cfg, run_dir)
+        state.model, state.tokenizer = build.load_policy(path, cfg)
+    loop = _online_loop if cfg.mode == "both" else _train_loop
+    loop(stage, run_dir, writer, state)
+
+
+def _make_trainer(cfg, state: RunState, total: int) -> Trainer:
+    algorithm = AlgorithmSpec.from_config(cfg.algorithm)
+    ref = None
+    if algorithm.kl_coef > 0:
+        import copy
+
+        ref = copy.deepcopy(state.model).eval().requires_grad_(False)
+    return Trainer(
+        state.model,
+        cfg.trainer,
+        algorithm,
+        pad_token_id=state.tokenizer.pad_token_id,
+        total_steps=total,
+        temperature=cfg.explorer.rollout.temperature,
+        max_response_length=cfg.explorer.rollout.max_tokens,
+        ref_model=ref,
+        seed=cfg.seed,
+    )
+
+
+def _make_explorer(cfg, state: RunState, taskset=None, queue=None):
+    from trivium.explorer.explorer import Explorer
+
+    rollout_params, eval_params = build.sampling_params(cfg)
+    model = build.build_rollout_model(state.model, state.tokenizer, cfg, state.version)
+    evals = [build.task_reader(ts, cfg.seed, is_eval=True) for ts in cfg.buffer.eval_tasksets]
+    return Explorer(
+        model,
+        rollout_params=rollout_params,
+        eval_params=eval_params,
+        taskset=taskset,
+        eval_tasksets=evals,
+        queue=queue,
+        batch_size=cfg.buffer.batch_size,
+        max_concurrency=cfg.explorer.max_concurrency,
+    )
+
+
+def _online_loop(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunState) -> None:
+    from trivium.buffer.queue import ExperienceQueue
+
+    cfg = stage.config
+    taskset = build.task_reader(cfg.buffer.taskset, cfg.seed, is_eval=False)
+    total = build.total_steps(cfg, len(taskset))
+    per_step = cfg.buffer.batch_size * cfg.buffer.taskset.repeat_times
+    queue = ExperienceQueue(cfg.buffer.queue_capacity or 2 * per_step)
+    explorer = _make_explorer(cfg, state, taskset, queue)
+    trainer = _make_trainer(cfg, state, total)
+    log.info(
+        "stage %s: online RL (%s), %d steps of %d tasks x %d samples",
+        stage.name,
+        trainer.algorithm.name,
+        total,
+        cfg.buffer.batch_size,
+        cfg.buffer.taskset.repeat_times,
+    )
+    progress = Progress(stage.name, total, enabled=cfg.monitor.progress_bar)
+    _maybe_eval_at_start(cfg, explorer, stage, writer, state, progress)
+    for step in range(1, total + 1):
+        record = explorer.explore_step(step)
+        record.update(trainer.train_step(queue.get(per_step)))
+        if step % cfg.synchronizer.sync_interval == 0 or step == total:
+            state.version = trainer.step
+            explorer.model.update_weights(trainer.model.state_dict(), state.version)
+        _finish_step(cfg, stage, step, total, record, explorer, trainer, run_dir, writer, state, progress)
+    progress.close()
+
+
+def _train_loop(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunState) -> None:
+    from trivium.buffer.sft_reader import SftReader
+
+    cfg = stage.config
+    data = SftReader(cfg.buffer.sft_dataset, state.tokenizer, seed=cfg.seed)
+    total = build.total_steps(cfg, len(data))
+    trainer = _make_trainer(cfg, state, total)
+    explorer = _make_explorer(cfg, state) if cfg.buffer.eval_tasksets else None
+    log.info(
+        "stage %s: %s from %s, %d steps of %d examples",
+        stage.name,
+        trainer.algorithm.name,
+        cfg.buffer.sft_dataset.path,
+        total,
+        cfg.buffer.batch_size,
+    )
+    progress = Progress(stage.name, total, enabled=cfg.monitor.progress_bar)
+    _maybe_eval_at_start(cfg, explorer, stage, writer, state, progress)
+    for step in range(1, total + 1):
+        record = trainer.train_step(data.next_batch(cfg.buffer.batch_size))
+        state.version = trainer.step
+        _finish_step(cfg, stage, step, total, record, explorer, trainer, run_dir, writer, state, progress)
+    progress.close()
+
+
+def _maybe_eval_at_start(cfg, explorer, stage, writer, state, progress) -> None:
+    if explorer is None or not explorer.eval_tasksets or not cfg.explorer.eval_at_start:
+        return
+    record = {"stage": stage.name, "step": 0, "global_step": state.global_step, **explorer.evaluate()}
+    writer.write(record)
+    progress.note_eval(record)
+
+
+def _finish_step(
+    cfg, stage, step, total, record, explorer, trainer, run_dir, writer, state, progress
+) -> None:
+    """Evaluate and save when due, then log the step's record."""
+    interval = cfg.explorer.eval_interval
+    if (
+        explorer is not None
+        and explorer.eval_tasksets
+        and (step == total or (interval and step % interval == 0))
+    ):
+        if cfg.mode == "train":  # the eval engine follows the trainer only when it evaluates
+            explorer.model.update_weights(trainer.model.state_dict(), state.version)
+        record.update(explorer.evaluate())
+    if step == total or (cfg.trainer.save_interval and step % cfg.trainer.save_interval == 0):
+        folder = run_dir / "checkpoints" / stage.name / f"step_{step}"
+        meta = {
+            "stage": stage.name,
+            "step": step,
+            "global_step": state.global_step + 1,
+            "version": state.version,
+        }
+        save_checkpoint(folder, trainer.model, state.tokenizer, trainer.state_dict(), meta)
+        prune_checkpoints(folder.parent, cfg.trainer.keep_checkpoints)
+    state.global_step += 1
+    writer.write({"stage": stage.name, "step": step, "global_step": state.global_step, **record})
+    progress.update(record)
+
+
+def _quiet_libraries() -> None:
+    """Keep the console for Trivium's own progress: no per-file progress bars from HF libraries."""
+    import datasets
+    import transformers
+
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
+    # math-verify warns once per process that we disabled its signal-based timeouts (needed in threads)
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)

@@ -1,0 +1,297 @@
+"""Merge concurrent ``generate`` calls from many workflow threads into one batched engine call.
+
+Workflows run in threads and each asks for n samples of one prompt; the engine is fastest on one big batch.
+This wrapper queues requests and, when a batch *fires*, runs one engine call per distinct
+``SamplingParams``, then hands every caller its own slice.
+
+Firing rule (deterministic, no polling):
+- A thread declares itself a worker with ``with batching.worker():``. The batch fires as soon as every
+  worker is blocked in ``generate``: then no new request can arrive, so waiting longer gains nothing.
+- Requests from threads outside any worker context fire after at most ``max_wait_s``.
+- Workers that start late would otherwise miss a batch (a thread pool starts threads one by one). A
+  dispatcher that is about to start ``total`` workers at most ``concurrency`` at a time declares them with
+  ``with batching.expect_workers(total, concurrency):``; slots not yet claimed by a ``worker()`` then count as
+  workers that will call ``generate``, so batch membership no longer depends on thread timing. A slot that
+  is never claimed (a task that failed before entering ``worker()``) holds a batch back for at most
+  ``late_worker_grace_s``; then the batch fires anyway, with a warning, instead of deadlocking.
+- Inside a fired batch, requests are ordered by ``order_key`` (then arrival), so the engine sees the same
+  batch in the same order for a fixed seed, and samples are reproducible.
+
+Any thread may run the engine for a fired batch (the one that found it ready); others wait on a condition.
+Engine errors are re-raised in every caller of the failing engine call.
+
+Left out on purpose: a background thread, priorities and batch-size limits (the engine takes the whole batch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from trivium.models.protocol import Generation, RolloutModel, SamplingParams
+
+if TYPE_CHECKING:
+    from torch import Tensor
+    from transformers import PreTrainedTokenizerBase
+
+__all__ = ["BatchingRolloutModel"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Request:
+    prompts: list[list[int]]
+    params: SamplingParams
+    order_key: Any
+    arrival: int
+    from_worker: bool
+    deadline: float  # monotonic seconds; only used for requests from non-workers
+    result: list[list[Generation]] | None = None
+    error: BaseException | None = None
+    done: bool = False
+
+    def sort_key(self) -> tuple:
+        # Keyed requests first, by key; unkeyed ones after, by arrival. Keys are only compared to keys.
+        return (0, self.order_key, self.arrival) if self.order_key is not None else (1, 0, self.arrival)
+
+
+@dataclass
+class _Reservation:
+    pending: int  # worker slots announced but not yet claimed by a worker() entry
+    concurrency: int  # at most this many of them run at once
+    claimed_threads: set[int] = field(default_factory=set)
+
+
+class BatchingRolloutModel:
+    """``RolloutModel`` wrapper that batches concurrent callers; see the module docstring for the rules."""
+
+    def __init__(self, engine: RolloutModel, *, max_wait_s: float = 0.05, late_worker_grace_s: float = 1.0):
+        if max_wait_s < 0 or late_worker_grace_s < 0:
+            raise ValueError(
+                f"BatchingRolloutModel: max_wait_s={max_wait_s} and late_worker_grace_s={late_worker_grace_s} "
+                "must be >= 0 seconds"
+            )
+        self.engine = engine
+        self.max_wait_s = max_wait_s  # callers outside worker(): longest wait for others to join a batch
+        self.late_worker_grace_s = late_worker_grace_s  # announced workers: longest wait for one to start
+        self.engine_calls = 0  # engine.generate calls made
+        self.requests = 0  # generate calls received
+        self._cv = threading.Condition()
+        self._local = threading.local()
+        self._arrivals = itertools.count()
+        self._pending: list[_Request] = []
+        self._busy = False  # a thread is running the engine
+        self._workers = 0  # threads inside worker()
+        self._blocked = 0  # of those, threads inside generate whose request is not yet answered
+        self._reservation: _Reservation | None = None
+        self._held_since: float | None = None  # all running workers blocked, waiting only for announced ones
+
+    # ------------------------------------------------------------------------------------ RolloutModel
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        return self.engine.tokenizer
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    def update_weights(self, state_dict: Mapping[str, Tensor], version: int) -> None:
+        self.engine.update_weights(state_dict, version)  # the engine's lock keeps it out of a running batch
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return self.engine.state_dict()
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, order_key: Any = None
+    ) -> list[list[Generation]]:
+        """Queue the request, wait until its batch has run, return this caller's generations.
+
+        ``order_key`` (any value comparable with the other callers' keys, e.g. ``(task_index, run)``) fixes
+        this request's place in its batch; without it, arrival order is used.
+        """
+        prompts = [list(p) for p in prompts]
+        if not prompts:
+            return []
+        from_worker = self._depth() > 0
+        with self._cv:
+            self.requests += 1
+            request = _Request(
+                prompts,
+                params,
+                order_key,
+                arrival=next(self._arrivals),
+                from_worker=from_worker,
+                deadline=time.monotonic() + self.max_wait_s,
+            )
+            self._pending.append(request)
+            if from_worker:
+                self._blocked += 1
+            while not request.done:
+                if self._ready():
+                    self._run_batch()
+                else:
+                    self._cv.wait(timeout=self._time_to_deadline())
+        if request.error is not None:
+            raise request.error
+        assert request.result is not None
+        return request.result
+
+    # ------------------------------------------------------------------------------------ worker contexts
+    @contextlib.contextmanager
+    def worker(self) -> Iterator[None]:
+        """Mark the calling thread as a worker for the duration (re-entrant; nested entries count once)."""
+        depth = self._depth()
+        self._local.depth = depth + 1
+        if depth == 0:
+            with self._cv:
+                self._workers += 1
+                reservation = self._reservation
+                if reservation is not None and reservation.pending > 0:
+                    reservation.pending -= 1
+                    reservation.claimed_threads.add(threading.get_ident())
+                    self._held_since = None  # an announced worker arrived: restart the grace period
+        try:
+            yield
+        finally:
+            self._local.depth = depth
+            if depth == 0:
+                with self._cv:
+                    self._workers -= 1
+                    if self._reservation is not None:
+                        self._reservation.claimed_threads.discard(threading.get_ident())
+                    self._cv.notify_all()  # the others may now all be blocked
+
+    @contextlib.contextmanager
+    def expect_workers(self, total: int, concurrency: int | None = None) -> Iterator[None]:
+        """Announce ``total`` workers about to start, at most ``concurrency`` at a time (default: all).
+
+        Until a thread claims a slot by entering ``worker()``, the slot counts as a worker that will call
+        ``generate``, as long as fewer than ``concurrency`` claimed workers are running. Use it around a
+        thread pool of ``max_workers=concurrency`` whose every task enters ``worker()``; a slot never
+        claimed holds batches back until the context exits or for ``late_worker_grace_s``, whichever comes
+        first. One reservation at a time.
+        """
+        if total < 0 or (concurrency is not None and concurrency < 1):
+            raise ValueError(
+                f"expect_workers(total={total}, concurrency={concurrency}): need total >= 0, concurrency >= 1"
+            )
+        with self._cv:
+            if self._reservation is not None:
+                raise RuntimeError(
+                    "expect_workers() is already active; run one reservation at a time (e.g. rollout and "
+                    "eval tasks of a step in one reservation)"
+                )
+            self._reservation = _Reservation(pending=total, concurrency=concurrency or max(total, 1))
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._reservation = None
+                self._cv.notify_all()
+
+    # ------------------------------------------------------------------------------------ internals
+    def _depth(self) -> int:
+        return getattr(self._local, "depth", 0)
+
+    def _expected_workers(self) -> int:
+        """Workers that are running, plus announced ones that have a free slot to start in."""
+        r = self._reservation
+        if r is None:
+            return self._workers
+        running = len(r.claimed_threads)
+        return self._workers + min(r.pending, max(0, r.concurrency - running))
+
+    def _ready(self) -> bool:
+        """Whether the pending requests should run now (the firing rule); tracks ``_held_since``."""
+        if self._busy or not self._pending:
+            return False
+        now = time.monotonic()
+        if any(not r.from_worker and r.deadline <= now for r in self._pending):
+            return True
+        if self._workers == 0 or self._blocked < self._workers:
+            self._held_since = None
+            return False
+        if self._blocked >= self._expected_workers():
+            return True
+        # Every running worker is blocked; only announced, not yet started workers are missing.
+        if self._held_since is None:
+            self._held_since = now
+        if now - self._held_since < self.late_worker_grace_s:
+            return False
+        log.warning(
+            "BatchingRolloutModel: %d announced worker(s) did not start within %.1fs; running the batch without "
+            "them (announce only workers that will enter worker(), or leave expect_workers() earlier)",
+            self._expected_workers() - self._blocked,
+            self.late_worker_grace_s,
+        )
+        return True
+
+    def _time_to_deadline(self) -> float | None:
+        deadlines = [r.deadline for r in self._pending if not r.from_worker]
+        if self._held_since is not None:
+            deadlines.append(self._held_since + self.late_worker_grace_s)
+        return max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+
+    def _run_batch(self) -> None:
+        """Take every pending request, run the engine without holding the lock, deliver results.
+
+        Called with ``self._cv`` held; returns with it held. Results are written under the lock, together
+        with the ``_blocked`` count, so no waiter ever sees one without the other.
+        """
+        batch = sorted(self._pending, key=_Request.sort_key)
+        self._pending = []
+        self._held_since = None
+        self._busy = True
+        outcomes: list[tuple[list[_Request], list[list[Generation]] | Exception]] = []
+        self._cv.release()
+        try:
+            for params, group in _by_params(batch):
+                outcomes.append((group, self._call_engine(params, group)))
+        finally:
+            self._cv.acquire()
+            for group, outcome in outcomes:
+                start = 0
+                for r in group:
+                    if isinstance(outcome, Exception):
+                        r.error = outcome
+                    else:
+                        r.result = outcome[start : start + len(r.prompts)]
+                        start += len(r.prompts)
+                    r.done = True
+            for r in batch:
+                if not r.done:  # the leader itself was interrupted (e.g. KeyboardInterrupt)
+                    r.error = RuntimeError("batched generate was interrupted before this request ran")
+                    r.done = True
+                if r.from_worker:
+                    self._blocked -= 1
+            self._busy = False
+            self._cv.notify_all()
+
+    def _call_engine(
+        self, params: SamplingParams, group: list[_Request]
+    ) -> list[list[Generation]] | Exception:
+        """One engine call for ``group``; an exception is returned, to be raised in each of its callers."""
+        prompts = [p for r in group for p in r.prompts]
+        self.engine_calls += 1
+        try:
+            results = self.engine.generate(prompts, params)
+        except Exception as e:
+            return e
+        if len(results) != len(prompts):
+            return RuntimeError(f"engine returned {len(results)} results for {len(prompts)} prompts")
+        return results
+
+
+def _by_params(batch: list[_Request]) -> list[tuple[SamplingParams, list[_Request]]]:
+    """Requests grouped by sampling params; groups in order of their first (already sorted) request."""
+    groups: dict[SamplingParams, list[_Request]] = {}
+    for r in batch:
+        groups.setdefault(r.params, []).append(r)
+    return list(groups.items())

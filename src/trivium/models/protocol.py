@@ -1,0 +1,112 @@
+"""What the explorer asks of a rollout model: token ids in, sampled token ids and their log-probs out.
+
+Design decisions:
+- Prompts and responses are token ids, never text, so the trainer trains on exactly what was sampled.
+- Log-prob contract: ``Generation.logprobs[j]`` is ``log_softmax(logits / T)`` of the sampled token, in fp32,
+  over the *unfiltered* temperature-scaled distribution. top-k / top-p change which tokens can be drawn,
+  not the reported value, so it equals what a trainer recomputes with one teacher-forced fp32 forward pass
+  over prompt + response (scaled by the same T). Greedy (T = 0) reports the T = 1 log-probs.
+- ``SamplingParams`` is frozen and hashable, so a batching layer can group requests by it.
+
+Left out on purpose: per-request seeds, logit processors and beam search; an engine owns its RNG.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from torch import Tensor
+    from transformers import PreTrainedTokenizerBase
+
+__all__ = ["FinishReason", "Generation", "RolloutModel", "SamplingParams"]
+
+FinishReason = Literal["eos", "stop", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. ``n`` samples per prompt; ``temperature`` 0 means greedy (argmax)."""
+
+    n: int = 1
+    temperature: float = 1.0  # 0 => greedy
+    top_p: float = 1.0  # nucleus mass kept, in (0, 1]; 1 => off
+    top_k: int = 0  # tokens kept; 0 => off
+    max_tokens: int = 64  # response tokens at most (also capped by the model's context length)
+    stop: tuple[str, ...] = ()  # stop when the decoded response contains one of these strings
+    stop_token_ids: tuple[int, ...] = ()  # stop on these tokens (in addition to eos); they stay in the output
+    include_stop_str_in_output: bool = True  # False: `text` ends before the stop string (token ids never cut)
+
+    def __post_init__(self) -> None:
+        # Tuples keep the object hashable even when a caller passes lists.
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        problems = []
+        if self.n < 1:
+            problems.append(f"n={self.n} must be >= 1")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            problems.append(f"temperature={self.temperature} must be >= 0 (0 means greedy)")
+        if not 0 < self.top_p <= 1:
+            problems.append(f"top_p={self.top_p} must be in (0, 1]; use 1.0 to turn it off")
+        if self.top_k < 0:
+            problems.append(f"top_k={self.top_k} must be >= 0; use 0 to turn it off")
+        if self.max_tokens < 1:
+            problems.append(f"max_tokens={self.max_tokens} must be >= 1")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            problems.append(f"stop={self.stop!r} must hold non-empty strings")
+        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            problems.append(f"stop_token_ids={self.stop_token_ids!r} must hold token ids >= 0")
+        if problems:
+            raise ValueError("Invalid SamplingParams: " + "; ".join(problems))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One sampled response. ``len(logprobs) == len(response_ids)``; ``text`` skips special tokens.
+
+    ``response_ids`` end with the token that finished the response (eos, a stop token id, or the token that
+    completed a stop string) unless ``finish_reason == "length"``.
+    """
+
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: FinishReason
+    text: str
+
+    def __post_init__(self) -> None:
+        if len(self.logprobs) != len(self.response_ids):
+            raise ValueError(
+                f"Generation.logprobs has {len(self.logprobs)} entries but response_ids has "
+                f"{len(self.response_ids)}; they must be aligned one per response token"
+            )
+
+
+@runtime_checkable
+class RolloutModel(Protocol):
+    """A policy the explorer samples from, whose weights the trainer replaces between steps."""
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase: ...
+
+    @property
+    def version(self) -> int:
+        """Weights version of the last ``update_weights`` (0 for the initial weights)."""
+        ...
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Generation]]:
+        """``params.n`` generations for each prompt, in prompt order: ``out[i][j]`` is sample j of prompt i."""
+        ...
+
+    def update_weights(self, state_dict: Mapping[str, Tensor], version: int) -> None:
+        """Copy ``state_dict`` into the weights (any device/dtype) and set ``version``; never mid-generate."""
+        ...
+
+    def state_dict(self) -> dict[str, Tensor]: ...

@@ -1,0 +1,195 @@
+"""Build a tiny, fully local causal LM (tokenizer + random weights) for tests, examples and CPU runs.
+
+Design decisions:
+- Everything is made here from the caller's corpus: a byte-level BPE tokenizer is trained with ``tokenizers``
+  and the model is a randomly initialised ``Qwen2ForCausalLM`` (or ``LlamaForCausalLM``). Nothing comes
+  from a hub, so tests run offline.
+- Digits are split one per token, so arithmetic tasks see the same token for "7" wherever it appears.
+- The output folder is an ordinary ``save_pretrained`` checkpoint (safetensors), loaded by
+  ``AutoTokenizer`` / ``AutoModelForCausalLM.from_pretrained(out_dir)`` like any hub model.
+- Deterministic: the same corpus and seed give byte-identical ``model.safetensors`` and ``tokenizer.json``.
+  The seed is applied inside ``torch.random.fork_rng`` so building a model leaves the caller's RNG alone.
+
+Left out on purpose: a default corpus (the caller always passes text that looks like its task) and any
+training; a warm-up SFT belongs to the caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+__all__ = ["CHAT_TEMPLATE", "SPECIAL_TOKENS", "make_tiny"]
+
+PAD, EOS, SYSTEM, USER, ASSISTANT = "<|pad|>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>"
+SPECIAL_TOKENS = (PAD, EOS, SYSTEM, USER, ASSISTANT)
+
+# Every turn is "<|role|>\n{content}\n"; assistant turns end with the eos token instead, so a policy learns to
+# stop by emitting <|end|>. An unknown role raises instead of silently vanishing from the prompt.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m['role'] == 'system' %}<|system|>\n{{ m['content'] }}\n"
+    "{% elif m['role'] == 'user' %}<|user|>\n{{ m['content'] }}\n"
+    "{% elif m['role'] == 'assistant' %}<|assistant|>\n{{ m['content'] }}<|end|>\n"
+    "{% else %}{{ raise_exception('Unknown chat role ' ~ m['role'] ~ '; use system, user or assistant') }}"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+Architecture = Literal["qwen2", "llama"]
+
+
+def make_tiny(
+    out_dir: str | Path,
+    corpus: Iterable[str],
+    *,
+    vocab_size: int = 384,
+    hidden_size: int = 128,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 512,
+    max_position_embeddings: int = 512,
+    architecture: Architecture = "qwen2",
+    seed: int = 0,
+) -> Path:
+    """Train a tokenizer on ``corpus``, build a randomly initialised model and save both to ``out_dir``.
+
+    ``vocab_size`` is an upper bound including the 5 special tokens: a small corpus allows fewer BPE merges,
+    and the model's embedding matrix is sized to the tokenizer actually trained (``len(tokenizer)``).
+    The defaults give about 1 M parameters (hidden 128, 4 layers). Returns ``Path(out_dir)``.
+    """
+    texts = [t for t in corpus if t]
+    if not texts:
+        raise ValueError("make_tiny() needs a non-empty corpus: pass some text that looks like your task")
+    if hidden_size % num_heads or num_heads % num_kv_heads:
+        raise ValueError(
+            f"make_tiny(): hidden_size={hidden_size} must be divisible by num_heads={num_heads}, and "
+            f"num_heads by num_kv_heads={num_kv_heads}"
+        )
+    if vocab_size < len(SPECIAL_TOKENS) + 256:
+        raise ValueError(
+            f"make_tiny(): vocab_size={vocab_size} must be >= 261 (256 bytes + 5 special tokens)"
+        )
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(texts, vocab_size, max_position_embeddings)
+    model = build_model(
+        tokenizer,
+        architecture=architecture,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
+        seed=seed,
+    )
+    tokenizer.save_pretrained(out)
+    model.save_pretrained(out)
+    check_round_trip(out, tokenizer, texts[:256])
+    return out
+
+
+def build_tokenizer(texts: list[str], vocab_size: int, model_max_length: int) -> PreTrainedTokenizerFast:
+    """Byte-level BPE with one token per digit, wrapped for transformers (pad, eos, chat template).
+
+    The normaliser and pre-tokeniser are exactly those transformers' ``Qwen2Tokenizer`` rebuilds when
+    ``AutoTokenizer`` loads a folder whose ``config.json`` says qwen2 (it keeps only vocab and merges); with
+    anything else the loaded tokenizer would split text differently from the one trained here. Its regex
+    already isolates every digit (``\\p{N}``). ``unk_token``/``bos_token`` are saved as null, otherwise
+    ``Qwen2Tokenizer`` appends an ``<|endoftext|>`` token the model has no embedding for.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token=PAD,
+        eos_token=EOS,
+        unk_token=None,
+        bos_token=None,
+        additional_special_tokens=[SYSTEM, USER, ASSISTANT],
+        model_max_length=model_max_length,
+    )
+    wrapped.chat_template = CHAT_TEMPLATE
+    return wrapped
+
+
+def check_round_trip(out: Path, tokenizer: PreTrainedTokenizerFast, texts: list[str]) -> None:
+    """Fail loudly if ``AutoTokenizer.from_pretrained(out)`` does not tokenise like the trained tokenizer."""
+    from transformers import AutoTokenizer
+
+    loaded = AutoTokenizer.from_pretrained(out)
+    bad = [t for t in texts if loaded(t)["input_ids"] != tokenizer(t)["input_ids"]]
+    if len(loaded) != len(tokenizer) or bad:
+        raise RuntimeError(
+            f"make_tiny(): AutoTokenizer loads {type(loaded).__name__} from {out} with {len(loaded)} tokens "
+            f"(trained: {len(tokenizer)}) and tokenises {len(bad)} of {len(texts)} sample texts differently, "
+            f"e.g. {bad[:1]!r}. The installed transformers rebuilds this tokenizer another way; update "
+            "build_tokenizer() in trivium/models/tiny.py to match it."
+        )
+
+
+def build_model(
+    tokenizer: PreTrainedTokenizerFast,
+    *,
+    architecture: Architecture,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    intermediate_size: int,
+    max_position_embeddings: int,
+    seed: int,
+) -> PreTrainedModel:
+    """A randomly initialised causal LM with tied embeddings, sized to ``tokenizer``; fp32 on CPU."""
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    classes = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
+    if architecture not in classes:
+        raise ValueError(f"make_tiny(): architecture={architecture!r} is not one of {sorted(classes)}")
+    config_cls, model_cls = classes[architecture]
+    config = config_cls(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_cls(config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
+    return model.eval()

@@ -1,0 +1,266 @@
+"""A rollout engine over a plain transformers causal LM: our own decode loop on its ``DynamicCache``.
+
+Design decisions (measured on CPU in bench/engines, 1.4–1.7× faster than ``model.generate``):
+- Prefill each *distinct* prompt once, then copy its KV-cache rows to its samples
+  (``DynamicCache.batch_select_indices`` with repeated indices). GRPO asks for n samples of one prompt, so
+  prefill work drops n-fold.
+- Drop finished rows from the batch and the cache every step, so late steps only pay for live rows.
+- Left padding with explicit ``attention_mask`` and ``position_ids``: each row's positions start at 0 at its
+  first real token, exactly as in the trainer's teacher-forced pass, so log-probs match it (see
+  ``protocol.py`` for the contract; exact to ~1e-5 in fp32).
+- Attention is the model's own (sdpa by default); nothing here re-implements it.
+- One lock serialises ``generate`` and ``update_weights``: weights never change under a running batch.
+
+Left out on purpose: continuous batching across calls (the batching wrapper merges callers instead),
+CUDA graphs and paged caches. For large models use a dedicated engine behind the same protocol.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from trivium.models.loading import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
+from trivium.models.protocol import FinishReason, Generation, SamplingParams
+from trivium.models.sampling import sample_next
+from trivium.models.stopping import StopChecker
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+__all__ = ["TransformersEngine"]
+
+
+class TransformersEngine:
+    """``RolloutModel`` over ``model`` (moved to ``device``/``dtype``, put in eval mode).
+
+    ``seed`` seeds the engine's own ``torch.Generator``: the same seed and the same sequence of calls give
+    the same samples. None draws a random seed.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        device: str | torch.device,
+        dtype: str | torch.dtype,
+        seed: int | None = None,
+    ):
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.model = model.to(device=self.device, dtype=self.dtype).eval()
+        self._tokenizer = tokenizer
+        self.version = 0
+        self.pad_id = _pad_id(tokenizer)
+        self.eos_ids = _eos_ids(tokenizer, model)
+        self.vocab_size = model.get_input_embeddings().num_embeddings
+        self.max_length = model.config.max_position_embeddings
+        # transformers renamed the forward's cache argument (past_key_values -> cache, 5.2x); the old name
+        # warns until it is removed, so pass whichever this model's forward declares.
+        forward_args = inspect.signature(model.forward).parameters
+        self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
+        self.generator = torch.Generator(device=self.device)
+        if seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(seed)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        device: str | torch.device = "cpu",
+        dtype: str | torch.dtype = "float32",
+        seed: int | None = None,
+    ) -> TransformersEngine:
+        dev = resolve_device(device)
+        model = load_causal_lm(path, dtype=resolve_dtype(dtype, dev), device=dev)
+        return cls(model, load_tokenizer(path), device=dev, dtype=model.dtype, seed=seed)
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        return self._tokenizer
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Generation]]:
+        """``params.n`` generations per prompt, in prompt order (see ``RolloutModel.generate``)."""
+        prompts = [list(p) for p in prompts]
+        if not prompts:
+            return []
+        self._check_prompts(prompts)
+        with self._lock, torch.inference_mode():
+            responses, logprobs, reasons = self._decode(prompts, params)
+        stopper = StopChecker(params, self.eos_ids, self._tokenizer)
+        texts = self._tokenizer.batch_decode(responses, skip_special_tokens=True)
+        out: list[list[Generation]] = []
+        for i, prompt in enumerate(prompts):
+            rows = range(i * params.n, (i + 1) * params.n)
+            out.append(
+                [
+                    Generation(
+                        prompt_ids=tuple(prompt),
+                        response_ids=tuple(responses[r]),
+                        logprobs=tuple(logprobs[r]),
+                        finish_reason=reasons[r],
+                        text=stopper.final_text(texts[r]),
+                    )
+                    for r in rows
+                ]
+            )
+        return out
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Copy ``state_dict`` into the weights in place (any device/dtype) and set ``version``.
+
+        Keys and shapes must match the model's exactly (checked before anything is copied, so a rejected
+        update leaves the weights untouched). Tied weights (``lm_head.weight`` tied to the embeddings) may be
+        left out, as safetensors checkpoints do.
+        """
+        own = self.model.state_dict()
+        full = dict(state_dict)
+        for target, source in self.model.all_tied_weights_keys.items():
+            if target not in full and source in full:
+                full[target] = full[source]
+        missing, unexpected = sorted(own.keys() - full.keys()), sorted(full.keys() - own.keys())
+        wrong_shape = [
+            f"{k}: {tuple(full[k].shape)} vs {tuple(own[k].shape)}"
+            for k in own.keys() & full.keys()
+            if full[k].shape != own[k].shape
+        ]
+        if missing or unexpected or wrong_shape:
+            raise ValueError(
+                f"update_weights(version={version}): state dict does not match {type(self.model).__name__}: "
+                f"{len(missing)} missing keys {missing[:5]}, {len(unexpected)} unexpected keys {unexpected[:5]}, "
+                f"{len(wrong_shape)} shape mismatches (given vs expected) {sorted(wrong_shape)[:5]}. Pass the "
+                "full state_dict() of a model with the same config (strip wrapper prefixes such as 'module.' or "
+                "'_orig_mod.' first)."
+            )
+        with self._lock, torch.no_grad():
+            self.model.load_state_dict(full, strict=True)
+            self.version = version
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.model.state_dict()
+
+    # ------------------------------------------------------------------------------------------ decode loop
+    def _decode(
+        self, prompts: list[list[int]], params: SamplingParams
+    ) -> tuple[list[list[int]], list[list[float]], list[FinishReason]]:
+        """Sample ``params.n`` responses per prompt; rows are prompt-major (row ``i * n + j``)."""
+        n_rows = len(prompts) * params.n
+        stopper = StopChecker(params, self.eos_ids, self._tokenizer)
+        budgets = [min(params.max_tokens, self.max_length - len(p)) for p in prompts for _ in range(params.n)]
+        cache, logits, attention, next_pos = self._prefill(prompts, params.n)
+
+        responses: list[list[int]] = [[] for _ in range(n_rows)]
+        logprobs: list[list[float]] = [[] for _ in range(n_rows)]
+        reasons: list[FinishReason] = ["length"] * n_rows
+        alive = list(range(n_rows))  # global row of each row of the running batch
+        while True:
+            tokens, token_logprobs = sample_next(logits, params, self.generator)
+            keep: list[int] = []
+            for i, (row, tok, lp) in enumerate(zip(alive, tokens.tolist(), token_logprobs.tolist())):
+                responses[row].append(tok)
+                logprobs[row].append(lp)
+                reason = stopper.finish_reason(responses[row], budgets[row])
+                if reason is None:
+                    keep.append(i)
+                else:
+                    reasons[row] = reason
+            if not keep:
+                return responses, logprobs, reasons
+            if len(keep) < len(alive):  # compact: finished rows leave the batch and the cache
+                index = torch.tensor(keep, device=self.device)
+                cache.batch_select_indices(index)
+                attention, next_pos, tokens = attention[index], next_pos[index], tokens[index]
+                alive = [alive[i] for i in keep]
+            attention = torch.cat([attention, attention.new_ones(len(alive), 1)], dim=1)
+            out = self.model(
+                input_ids=tokens[:, None],
+                attention_mask=attention,
+                position_ids=next_pos[:, None],
+                use_cache=True,
+                **{self._cache_arg: cache},
+            )
+            logits = out.logits[:, -1]
+            next_pos = next_pos + 1
+
+    def _prefill(
+        self, prompts: list[list[int]], n: int
+    ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Run each distinct prompt once and expand its cache rows to the ``len(prompts) * n`` samples.
+
+        Returns the cache, next-token ``logits [R, V]``, ``attention [R, L]`` (0 on left padding) and the
+        position of each row's next token ``next_pos [R]``.
+        """
+        from transformers import DynamicCache
+
+        distinct: dict[tuple[int, ...], int] = {}
+        source = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts for _ in range(n)]
+        width = max(len(p) for p in distinct)
+        ids = torch.full((len(distinct), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(distinct), width), dtype=torch.long)
+        for u, p in enumerate(distinct):
+            ids[u, width - len(p) :] = torch.tensor(p)
+            attention[u, width - len(p) :] = 1
+        ids, attention = ids.to(self.device), attention.to(self.device)
+        positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=attention,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self._cache_arg: cache},
+        )
+        index = torch.tensor(source, device=self.device)
+        if source != list(range(len(distinct))):  # repeats (n > 1) or duplicate prompts
+            cache.batch_select_indices(index)
+        return cache, out.logits[index, -1], attention[index], positions[index, -1] + 1
+
+    def _check_prompts(self, prompts: list[list[int]]) -> None:
+        for i, p in enumerate(prompts):
+            if not p:
+                raise ValueError(f"generate(): prompt {i} is empty; every prompt needs at least one token")
+            if len(p) >= self.max_length:
+                raise ValueError(
+                    f"generate(): prompt {i} has {len(p)} tokens but the model's context is {self.max_length} "
+                    "(max_position_embeddings); shorten the prompt or use a model with a longer context"
+                )
+            low, high = min(p), max(p)
+            if low < 0 or high >= self.vocab_size:
+                raise ValueError(
+                    f"generate(): prompt {i} has token ids in [{low}, {high}] but the model's vocabulary is "
+                    f"[0, {self.vocab_size}); was it tokenised with another tokenizer?"
+                )
+
+
+def _pad_id(tokenizer: PreTrainedTokenizerBase) -> int:
+    """Padding never reaches attention (masked out), so any valid id works; prefer pad, then eos."""
+    for token_id in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if token_id is not None:
+            return int(token_id)
+    return 0
+
+
+def _eos_ids(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> set[int]:
+    """The tokenizer's eos plus every eos id of the model's generation config (some models have several)."""
+    ids: set[int] = set()
+    for value in (tokenizer.eos_token_id, model.generation_config.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, Iterable):
+            ids.update(int(v) for v in value)
+    if not ids:
+        raise ValueError(
+            "TransformersEngine: neither the tokenizer nor model.generation_config defines an eos token id; "
+            "set tokenizer.eos_token or model.generation_config.eos_token_id"
+        )
+    return ids

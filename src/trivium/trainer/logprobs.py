@@ -1,0 +1,53 @@
+"""Per-token log-probabilities of a TrainBatch under a causal LM, target-aligned with ``input_ids``."""
+
+from __future__ import annotations
+
+import torch
+
+from trivium.types import TrainBatch
+
+
+def token_logprobs(model: torch.nn.Module, batch: TrainBatch, temperature: float = 1.0) -> torch.Tensor:
+    """``[R, L]`` float32: entry ``[r, t]`` = log p(input_ids[r, t] | input_ids[r, :t]) at ``temperature``.
+
+    Position 0 (and every packed sequence start) has no prediction and is 0; callers mask with
+    ``batch.loss_mask``. Log-probs are taken in float32 whatever the model dtype, as
+    ``logit[token] - logsumexp(logits)``, which avoids materialising a second [R, L, V] tensor.
+    """
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        use_cache=False,
+    )
+    logits = out.logits[:, :-1].float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    targets = batch.input_ids[:, 1:]
+    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    lp = picked - torch.logsumexp(logits, dim=-1)
+    return torch.nn.functional.pad(lp, (1, 0), value=0.0)
+
+
+@torch.no_grad()
+def batched_logprobs(
+    model: torch.nn.Module, batch: TrainBatch, micro_batch_size: int, temperature: float = 1.0
+) -> torch.Tensor:
+    """``token_logprobs`` without gradients, ``micro_batch_size`` rows at a time."""
+    parts = []
+    for start in range(0, batch.num_rows, micro_batch_size):
+        rows = torch.arange(start, min(start + micro_batch_size, batch.num_rows))
+        parts.append(token_logprobs(model, _rows(batch, rows), temperature))
+    return torch.cat(parts, dim=0)
+
+
+def _rows(batch: TrainBatch, rows: torch.Tensor) -> TrainBatch:
+    """Row slice keeping the input tensors only (seq-level fields are not needed for a forward pass)."""
+    import dataclasses
+
+    return dataclasses.replace(
+        batch,
+        input_ids=batch.input_ids[rows],
+        attention_mask=None if batch.attention_mask is None else batch.attention_mask[rows],
+        position_ids=batch.position_ids[rows],
+    )

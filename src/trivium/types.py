@@ -1,0 +1,245 @@
+"""The few types that cross component boundaries: Task, Experience, TrainBatch.
+
+Design decisions:
+- An ``Experience`` holds the *token ids the rollout engine produced*, never text to be re-tokenised, so
+  the trainer trains on exactly the sampled sequence.
+- Every per-token tensor of a ``TrainBatch`` is aligned with ``input_ids`` on the *target* position: entry
+  ``[r, t]`` is about token ``input_ids[r, t]`` predicted from ``input_ids[r, :t]``. Position 0 of every
+  sequence is never a target. The same layout serves padded rows (one sequence a row) and packed rows
+  (several sequences a row, told apart by ``seq_index``), so losses never care which one they get.
+- Grouping ids (task, group, run, step) are separate fields, not one packed string.
+
+Left out on purpose: DPO pairs and other shapes of data get their own types (later), not optional fields
+here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["Experience", "Task", "TrainBatch", "collate"]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One unit of work for the explorer: a row of a task set and how to run it.
+
+    ``data`` holds the row's fields under the names the workflow asks for (after the task set's field
+    mapping), e.g. ``{"question": "...", "answer": "7"}``; ``raw`` is the untouched source row.
+    """
+
+    task_id: str  # stable and unique within a run, e.g. "train.jsonl:17"
+    data: Mapping[str, Any]
+    workflow: str  # registered workflow name
+    reward_fn: str  # registered reward name
+    repeat_times: int = 1  # samples per task (the GRPO group size)
+    workflow_args: Mapping[str, Any] = field(default_factory=dict)
+    is_eval: bool = False
+    taskset: str = ""  # name of the task set it came from
+    index: int = -1  # row index in that task set
+    raw: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Experience:
+    """One sampled sequence and what the trainer needs to learn from it.
+
+    Shapes: ``T = len(tokens)``, ``P = prompt_length``, response length ``T - P``.
+    ``action_mask`` and ``logprobs`` cover the response only; ``action_mask`` is True on tokens the policy
+    generated (False on environment or tool tokens inside a multi-turn response).
+    """
+
+    tokens: torch.Tensor  # [T] int64: prompt then response
+    prompt_length: int  # P >= 1
+    action_mask: torch.Tensor  # [T - P] bool
+    logprobs: torch.Tensor  # [T - P] float32: rollout-engine log-probs (0 where action_mask is False)
+    reward: float = 0.0
+    task_id: str = ""
+    group_id: int = -1  # experiences compared with each other (the samples of one task in one step)
+    run_index: int = 0  # which of the task's repeat_times samples this is
+    model_version: int = 0  # weights version of the rollout model that produced it
+    explore_step: int = -1
+    info: Mapping[str, Any] = field(default_factory=dict)  # free-form, e.g. the response text
+    metrics: Mapping[str, float] = field(default_factory=dict)  # numeric, averaged into rollout metrics
+
+    def __post_init__(self) -> None:
+        t, p = int(self.tokens.numel()), int(self.prompt_length)
+        if self.tokens.dim() != 1:
+            raise ValueError(f"Experience.tokens must be 1-D [T], got shape {tuple(self.tokens.shape)}")
+        if not 1 <= p <= t:
+            raise ValueError(f"Experience.prompt_length={p} must be in [1, len(tokens)={t}]")
+        for name in ("action_mask", "logprobs"):
+            value = getattr(self, name)
+            if tuple(value.shape) != (t - p,):
+                raise ValueError(
+                    f"Experience.{name} must have shape [len(tokens) - prompt_length] = [{t - p}], "
+                    f"got {tuple(value.shape)} (task {self.task_id!r})"
+                )
+
+    @property
+    def response_length(self) -> int:
+        return int(self.tokens.numel()) - self.prompt_length
+
+    @property
+    def num_action_tokens(self) -> int:
+        return int(self.action_mask.sum())
+
+    def replace(self, **changes: Any) -> Experience:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass
+class TrainBatch:
+    """Collated experiences. ``R`` rows of length ``L``; ``N`` sequences (``N == R`` unless packed).
+
+    Per-token tensors are target-aligned with ``input_ids`` (see the module docstring).
+    """
+
+    input_ids: torch.Tensor  # [R, L] int64, pad_token_id on padding
+    attention_mask: torch.Tensor | None  # [R, L] int64, 1 on real tokens; None when packed
+    position_ids: torch.Tensor  # [R, L] int64, restarts at 0 for every sequence
+    loss_mask: torch.Tensor  # [R, L] bool: True where the target token is an action token
+    seq_index: torch.Tensor  # [R, L] int64: which sequence (0..N-1) a token belongs to; -1 on padding
+    rollout_logprobs: torch.Tensor  # [R, L] float32: engine log-probs on action tokens, 0 elsewhere
+    rewards: torch.Tensor  # [N] float32
+    group_ids: torch.Tensor  # [N] int64
+    model_versions: torch.Tensor  # [N] int64
+    response_lengths: torch.Tensor  # [N] int64: number of action tokens n_i
+    packed: bool = False
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.rewards.numel())
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def to(self, device: torch.device | str) -> TrainBatch:
+        moved = {
+            f.name: (v.to(device) if isinstance(v, torch.Tensor) else v)
+            for f in dataclasses.fields(self)
+            for v in [getattr(self, f.name)]
+        }
+        return TrainBatch(**moved)
+
+    def select_rows(self, rows: torch.Tensor | Sequence[int]) -> TrainBatch:
+        """The rows ``rows`` as a batch of their own; sequences are renumbered 0..N'-1.
+
+        Rows hold whole sequences, so selecting rows never splits one.
+        """
+        device = self.input_ids.device
+        rows = torch.as_tensor(rows, dtype=torch.long, device=device)
+        seq_index = self.seq_index[rows]
+        old = torch.unique(seq_index[seq_index >= 0])  # sorted old sequence ids present in these rows
+        remap = torch.full((self.num_seqs,), -1, dtype=torch.long, device=device)
+        remap[old] = torch.arange(old.numel(), device=device)
+        new_index = torch.where(seq_index >= 0, remap[seq_index.clamp(min=0)], seq_index)
+        return TrainBatch(
+            input_ids=self.input_ids[rows],
+            attention_mask=None if self.attention_mask is None else self.attention_mask[rows],
+            position_ids=self.position_ids[rows],
+            loss_mask=self.loss_mask[rows],
+            seq_index=new_index,
+            rollout_logprobs=self.rollout_logprobs[rows],
+            rewards=self.rewards[old],
+            group_ids=self.group_ids[old],
+            model_versions=self.model_versions[old],
+            response_lengths=self.response_lengths[old],
+            packed=self.packed,
+        )
+
+    def seq_to_tokens(self, values: torch.Tensor) -> torch.Tensor:
+        """Broadcast a per-sequence tensor ``[N]`` to ``[R, L]`` (0 on padding)."""
+        out = values[self.seq_index.clamp(min=0)]
+        return torch.where(self.seq_index >= 0, out, torch.zeros_like(out))
+
+
+def collate(
+    experiences: Sequence[Experience], pad_token_id: int, pack_length: int | None = None
+) -> TrainBatch:
+    """Build a ``TrainBatch`` from experiences.
+
+    Padded (default): one sequence per row, right-padded to the longest. Packed (``pack_length`` set):
+    sequences are placed first-fit-decreasing into rows of at most ``pack_length`` tokens (a sequence
+    longer than that gets a row of its own); padding then only fills the row ends. Packed rows need a
+    model whose attention honours ``position_ids`` restarts (transformers builds block-causal masks from
+    them when ``attention_mask`` is None).
+    """
+    if not experiences:
+        raise ValueError("collate() needs at least one experience")
+    lengths = [int(e.tokens.numel()) for e in experiences]
+    if pack_length is None:
+        rows = [[i] for i in range(len(experiences))]
+    else:
+        rows = _first_fit_decreasing(lengths, pack_length)
+    width = max(sum(lengths[i] for i in row) for row in rows)
+    n_rows = len(rows)
+    input_ids = torch.full((n_rows, width), pad_token_id, dtype=torch.long)
+    attention = torch.zeros((n_rows, width), dtype=torch.long)
+    position_ids = torch.zeros((n_rows, width), dtype=torch.long)
+    loss_mask = torch.zeros((n_rows, width), dtype=torch.bool)
+    seq_index = torch.full((n_rows, width), -1, dtype=torch.long)
+    rollout_lp = torch.zeros((n_rows, width), dtype=torch.float32)
+    for r, row in enumerate(rows):
+        start = 0
+        for i in row:
+            e, n = experiences[i], lengths[i]
+            end = start + n
+            input_ids[r, start:end] = e.tokens
+            attention[r, start:end] = 1
+            position_ids[r, start:end] = torch.arange(n)
+            seq_index[r, start:end] = i
+            resp = slice(start + e.prompt_length, end)
+            loss_mask[r, resp] = e.action_mask.bool()
+            rollout_lp[r, resp] = torch.where(e.action_mask.bool(), e.logprobs.float(), 0.0)
+            start = end
+    return TrainBatch(
+        input_ids=input_ids,
+        attention_mask=None if pack_length is not None else attention,
+        position_ids=position_ids,
+        loss_mask=loss_mask,
+        seq_index=seq_index,
+        rollout_logprobs=rollout_lp,
+        rewards=torch.tensor([float(e.reward) for e in experiences], dtype=torch.float32),
+        group_ids=torch.tensor([e.group_id for e in experiences], dtype=torch.long),
+        model_versions=torch.tensor([e.model_version for e in experiences], dtype=torch.long),
+        response_lengths=torch.tensor([e.num_action_tokens for e in experiences], dtype=torch.long),
+        packed=pack_length is not None,
+    )
+
+
+def _first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    if capacity < 1:
+        raise ValueError(f"pack_length must be >= 1, got {capacity}")
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for i in order:
+        for r, space in enumerate(free):
+            if lengths[i] <= space:
+                rows[r].append(i)
+                free[r] -= lengths[i]
+                break
+        else:
+            rows.append([i])
+            free.append(capacity - lengths[i])
+    for row in rows:
+        row.sort()
+    return rows
+
+
+def as_metrics(values: Mapping[str, Any]) -> dict[str, float]:
+    """Keep the numeric entries of a mapping as floats (tensors of one element included)."""
+    out: dict[str, float] = {}
+    for k, v in values.items():
+        if (isinstance(v, torch.Tensor) and v.numel() == 1) or (
+            isinstance(v, (int, float)) and not isinstance(v, bool)
+        ):
+            out[k] = float(v)
+    return out

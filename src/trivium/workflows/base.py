@@ -1,0 +1,51 @@
+"""The workflow contract: ``run(task, model) -> list[Experience]``.
+
+A workflow turns one task into experiences: it may call the model several times, call tools or step an
+environment, and it scores what came back. It never trains. It builds experiences from the engine's own
+token ids, never by re-tokenising text.
+
+``fields`` declares what a task row must hold (name -> allowed types); the task reader checks every row
+against it when the task set is loaded, so a bad row fails early with its file, row and field.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import torch
+
+from trivium.models.handle import ModelHandle
+from trivium.models.protocol import Generation
+from trivium.types import Experience, Task
+
+
+class Workflow(ABC):
+    name: ClassVar[str] = ""
+    fields: ClassVar[Mapping[str, tuple[type, ...]]] = {}
+
+    def __init__(self, **args: Any):
+        if args:
+            raise TypeError(f"workflow '{self.name}' takes no arguments, got {sorted(args)}")
+
+    @abstractmethod
+    def run(self, task: Task, model: ModelHandle) -> list[Experience]: ...
+
+
+def experience_from_generation(
+    gen: Generation, *, reward: float, task: Task, run_index: int, metrics: Mapping[str, float]
+) -> Experience:
+    """A single-turn experience: the prompt, then the sampled response, every response token an action."""
+    response = torch.tensor(gen.response_ids, dtype=torch.long)
+    return Experience(
+        tokens=torch.cat([torch.tensor(gen.prompt_ids, dtype=torch.long), response]),
+        prompt_length=len(gen.prompt_ids),
+        action_mask=torch.ones(len(gen.response_ids), dtype=torch.bool),
+        logprobs=torch.tensor(gen.logprobs, dtype=torch.float32),
+        reward=float(reward),
+        task_id=task.task_id,
+        run_index=run_index,
+        info={"response": gen.text, "finish_reason": gen.finish_reason},
+        metrics={**metrics, "response_length": float(len(gen.response_ids))},
+    )

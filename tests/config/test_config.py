@@ -1,0 +1,154 @@
+"""Config loading and validation: every problem named by its field path, collected in one error."""
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from trivium.cli import main as cli
+from trivium.config import ConfigError, apply_overrides, load_config, validate_raw
+
+REPO = Path(__file__).resolve().parents[2]
+QUICKSTART = REPO / "examples" / "quickstart" / "grpo_word_problems.yaml"
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    (tmp_path / "train.jsonl").write_text('{"question": "1+1?", "answer": "#### 2"}\n')
+    return tmp_path
+
+
+def base(**over):
+    cfg = {
+        "model": {"path": "Qwen/Qwen2.5-0.5B"},  # a hub id: not checked for existence
+        "buffer": {"taskset": {"path": "train.jsonl"}},
+    }
+    for k, v in over.items():
+        cfg[k] = v
+    return cfg
+
+
+def problems_of(raw, base_dir):
+    with pytest.raises(ConfigError) as info:
+        validate_raw(raw, base_dir)
+    return info.value
+
+
+def test_valid_config_resolves_paths(data_dir):
+    run = validate_raw(base(), data_dir)
+    (stage,) = run.stages
+    assert stage.name == "main"
+    assert stage.config.buffer.taskset.path == str(data_dir / "train.jsonl")
+
+
+def test_unknown_key_names_field_and_suggests(data_dir):
+    err = problems_of(base(trainer={"lrr": 1e-4}), data_dir)
+    (p,) = err.problems
+    assert p.path == "trainer.lrr"
+    assert p.rule == "unknown key"
+    assert "did you mean 'lr'?" in p.fix
+    assert "trainer.lrr" in str(err)
+
+
+def test_wrong_type_names_field(data_dir):
+    err = problems_of(base(trainer={"lr": "fast"}), data_dir)
+    (p,) = err.problems
+    assert p.path == "trainer.lr"
+    assert p.value == "fast"
+    assert "number" in p.rule
+
+
+def test_out_of_range_names_field_and_rule(data_dir):
+    err = problems_of(base(trainer={"lr": -1.0}), data_dir)
+    (p,) = err.problems
+    assert p.path == "trainer.lr"
+    assert "greater than 0" in p.rule
+    assert p.fix
+
+
+def test_every_problem_reported_at_once(data_dir):
+    raw = base(trainer={"lr": -1.0, "ppo_epochz": 2}, explorer={"rollout": {"top_p": 2.0}})
+    err = problems_of(raw, data_dir)
+    assert {p.path for p in err.problems} == {"trainer.lr", "trainer.ppo_epochz", "explorer.rollout.top_p"}
+    assert "3 problems found" in str(err)
+
+
+def test_semantic_problems_name_fields(data_dir):
+    raw = base(algorithm={"algorithm_type": "grpoo"})
+    raw["buffer"]["taskset"].update({"path": "missing.jsonl", "reward_fn": "math_verfy", "workflow": "mathh"})
+    err = problems_of(raw, data_dir)
+    by_path = {p.path: p for p in err.problems}
+    assert "did you mean 'grpo'?" in by_path["algorithm.algorithm_type"].fix
+    assert by_path["buffer.taskset.path"].rule == "file not found"
+    assert "did you mean 'math_verify'?" in by_path["buffer.taskset.reward_fn"].fix
+    assert "did you mean 'math'?" in by_path["buffer.taskset.workflow"].fix
+
+
+def test_unknown_workflow_field_mapping(data_dir):
+    raw = base()
+    raw["buffer"]["taskset"]["fields"] = {"questoin": "problem"}
+    err = problems_of(raw, data_dir)
+    (p,) = err.problems
+    assert p.path == "buffer.taskset.fields.questoin"
+    assert "did you mean 'question'?" in p.fix
+
+
+def test_mode_and_algorithm_must_agree(data_dir):
+    err = problems_of(base(algorithm={"algorithm_type": "sft"}), data_dir)
+    assert [p.path for p in err.problems] == ["mode"]
+
+
+def test_mini_batch_must_divide_batch(data_dir):
+    raw = base(trainer={"mini_batch_size": 3})
+    err = problems_of(raw, data_dir)
+    assert [p.path for p in err.problems] == ["trainer.mini_batch_size"]
+
+
+def test_stage_problems_are_prefixed(data_dir):
+    raw = base(stages=[{"name": "a"}, {"name": "b", "trainer": {"lr": 0}}, {"trainer": {}}])
+    err = problems_of(raw, data_dir)
+    assert {p.path for p in err.problems} == {"stages[1].trainer.lr", "stages[2].name"}
+
+
+def test_stages_inherit_and_override(data_dir):
+    raw = base(trainer={"lr": 1e-3}, stages=[{"name": "a"}, {"name": "b", "trainer": {"lr": 1e-5}}])
+    run = validate_raw(raw, data_dir)
+    assert [s.config.trainer.lr for s in run.stages] == [1e-3, 1e-5]
+    assert all(s.config.stages == [] for s in run.stages)
+
+
+def test_overrides_parse_values_and_index_lists():
+    raw = {"trainer": {"lr": 1.0}, "stages": [{"name": "a"}, {"name": "b"}]}
+    out = apply_overrides(
+        raw, ["trainer.lr=1e-5", "stages.1.buffer.batch_size=4", "explorer.rollout.stop=[a, b]"]
+    )
+    assert out["trainer"]["lr"] == 1e-5
+    assert out["stages"][1]["buffer"]["batch_size"] == 4
+    assert out["explorer"]["rollout"]["stop"] == ["a", "b"]
+    assert raw["trainer"]["lr"] == 1.0  # the input is not mutated
+    with pytest.raises(ConfigError, match=r"key\.path=value"):
+        apply_overrides(raw, ["trainer.lr"])
+
+
+def test_quickstart_config_is_valid():
+    run = load_config(QUICKSTART)
+    assert [s.name for s in run.stages] == ["sft", "grpo"]
+    assert run.stages[0].config.mode == "train"
+    assert run.stages[1].config.buffer.taskset.repeat_times == 8
+
+
+def test_check_config_cli(tmp_path, capsys, data_dir):
+    assert cli(["check-config", str(QUICKSTART)]) == 0
+    assert "# stage: grpo" in capsys.readouterr().out
+    bad = data_dir / "bad.yaml"
+    bad.write_text(
+        textwrap.dedent("""
+        model: {path: Qwen/Qwen2.5-0.5B}
+        buffer: {taskset: {path: train.jsonl}, batch_size: 0}
+        trainer: {lr: fast}
+    """)
+    )
+    assert cli(["check-config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "buffer.batch_size" in err and "trainer.lr" in err
+    assert cli(["check-config", str(bad), "--set", "trainer.lr=1e-4", "--set", "buffer.batch_size=2"]) == 0
