@@ -4,7 +4,7 @@
     python benchmarks/grpo_overhead.py --model DIR    # reuse an SFT checkpoint
 
 The workload is the quickstart's GRPO stage (16 prompts x 8 samples, 24 new tokens, lr 2e-4, PPO-clip,
-token-mean, old log-probs recomputed) from the same SFT checkpoint. Each side runs in its own process,
+token-mean, one update per batch) from the same SFT checkpoint. Each side runs in its own process,
 alternating (reference, trivium) pairs ``--repeats`` times; the first step of each run is dropped.
 Prints seconds per step for both and the ratio trivium / reference (target: <= 1.15).
 """

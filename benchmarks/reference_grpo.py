@@ -86,16 +86,9 @@ def main():
 
         model.train()
         full_att = torch.cat([att, mask.long()], 1)
-        with torch.no_grad():  # old log-probs, recomputed as the trainer does
-            old = torch.log_softmax(
-                model(input_ids=out, attention_mask=full_att).logits[:, P - 1 : -1].float(), -1
-            )
-            old = old.gather(-1, comp.unsqueeze(-1)).squeeze(-1)
-        logp = torch.log_softmax(
-            model(input_ids=out, attention_mask=full_att).logits[:, P - 1 : -1].float(), -1
-        )
-        logp = logp.gather(-1, comp.unsqueeze(-1)).squeeze(-1)
-        ratio = torch.exp(logp - old)
+        logits = model(input_ids=out, attention_mask=full_att).logits[:, P - 1 : -1].float()
+        logp = torch.log_softmax(logits, -1).gather(-1, comp.unsqueeze(-1)).squeeze(-1)
+        ratio = torch.exp(logp - logp.detach())  # one update per batch: the old policy is the current one
         loss_tok = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv)
         loss = (loss_tok * mask).sum() / mask.sum()
         opt.zero_grad(set_to_none=True)

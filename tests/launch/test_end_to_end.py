@@ -103,3 +103,25 @@ def test_sft_then_grpo_reward_goes_up(tmp_path):
     assert (run_dir / "checkpoints" / "grpo" / "step_40" / "model" / "model.safetensors").exists()
     assert cli(["plot", str(run_dir)]) == 0
     assert (run_dir / "curves.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_seeded_runs_are_reproducible(tmp_path):
+    """Two runs of the same config produce the same metrics, step for step (timings aside)."""
+    write_task(tmp_path)
+    curves = []
+    for name in ("a", "b"):
+        cfg = config(tmp_path, grpo_steps=8)
+        cfg["name"] = name
+        cfg_path = tmp_path / f"{name}.yaml"
+        cfg_path.write_text(yaml.safe_dump(cfg))
+        assert cli(["run", "--config", str(cfg_path)]) == 0
+        records = read_metrics(tmp_path / "runs" / "e2e" / name)
+        curves.append(
+            [
+                {k: v for k, v in r.items() if "seconds" not in k and "per_s" not in k and k != "time"}
+                for r in records
+            ]
+        )
+    assert curves[0] == curves[1]

@@ -274,3 +274,31 @@ def test_expect_workers_is_exclusive_and_validated() -> None:
         pass
     with pytest.raises(ValueError, match="concurrency"), batching.expect_workers(2, concurrency=0):
         pass
+
+
+def test_drive_runs_every_batch_on_the_driving_thread() -> None:
+    threads: list[int] = []
+
+    class RecordingEngine(EchoEngine):
+        def generate(self, prompts, params):
+            threads.append(threading.get_ident())
+            return super().generate(prompts, params)
+
+    model = BatchingRolloutModel(RecordingEngine())
+
+    def work(i: int) -> list[Generation]:
+        with model.worker():
+            first = model.generate([[i]], PARAMS, order_key=i)[0]
+            return first + model.generate([[i + 100]], PARAMS, order_key=i)[0]  # two rounds per worker
+
+    with model.expect_workers(6), ThreadPoolExecutor(max_workers=6) as pool, model.driving():
+        futures = [pool.submit(work, i) for i in range(6)]
+        model.drive(lambda: all(f.done() for f in futures))
+    assert [f.result()[0].response_ids[0] for f in futures] == list(range(6))
+    assert [f.result()[2].response_ids[0] for f in futures] == [i + 100 for i in range(6)]
+    assert model.engine_calls == 2
+    assert set(threads) == {threading.get_ident()}  # the driver ran both batches
+    with pytest.raises(RuntimeError, match="inside driving"):
+        model.drive(lambda: True)
+    with model.driving(), pytest.raises(RuntimeError, match="one driver at a time"), model.driving():
+        pass

@@ -120,12 +120,16 @@ class Explorer:
                     return TaskResult(task, [], exc)
 
         # Announcing the workers up front makes each engine batch hold the same requests whatever the
-        # thread timing, so a seeded run samples the same tokens every time.
+        # thread timing, so a seeded run samples the same tokens every time. This thread drives the engine
+        # meanwhile: torch runs fastest on the thread that also trains (see BatchingRolloutModel.drive).
         with (
             self.model.expect_workers(len(tasks), concurrency=workers),
             ThreadPoolExecutor(max_workers=workers, thread_name_prefix="workflow") as pool,
+            self.model.driving(),
         ):
-            results = list(pool.map(one, enumerate(tasks)))
+            futures = [pool.submit(one, item) for item in enumerate(tasks)]
+            self.model.drive(lambda: all(f.done() for f in futures))
+            results = [f.result() for f in futures]
         failures = [r for r in results if r.error is not None]
         self.failed_tasks += len(failures)
         if failures and len(failures) == len(results):

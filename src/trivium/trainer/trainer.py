@@ -94,29 +94,35 @@ class Trainer:
 
     def train_step(self, experiences: Sequence[Experience]) -> dict[str, float]:
         t0 = time.perf_counter()
-        self.model.eval()  # dropout off: old and new log-probs must come from the same function
+        self.model.eval()
         batch = collate(experiences, self.pad_token_id, self.cfg.pack_length).to(self.device)
         advantages, metrics = self._advantages(batch)
-        if self.algorithm.needs_old_logprobs:
-            old_lp = batched_logprobs(self.model, batch, self.cfg.micro_batch_size, self.temperature)
-            metrics.update(self._mismatch_metrics(batch, old_lp))
-        else:
-            old_lp = torch.zeros_like(batch.rollout_logprobs)
-        ref_lp = None
-        if self.algorithm.kl_coef > 0:
-            ref_lp = batched_logprobs(self.ref_model, batch, self.cfg.micro_batch_size, self.temperature)
         minis = self._mini_batches(batch)
         if self.scheduler is None:
             updates = self.total_steps * self.cfg.ppo_epochs * len(minis)
             self.scheduler = build_scheduler(self.optimizer, updates, self.cfg)
+        # With one update per batch the policy is unchanged until that update, so the old log-probs are
+        # the training forward's own (detached): one forward pass fewer, the same numbers.
+        single_update = self.cfg.ppo_epochs == 1 and len(minis) == 1
+        old_lp = None
+        if self.algorithm.needs_old_logprobs and not single_update:
+            old_lp = batched_logprobs(self.model, batch, self.cfg.micro_batch_size, self.temperature)
+        elif not self.algorithm.needs_old_logprobs:
+            old_lp = torch.zeros_like(batch.rollout_logprobs)
+        ref_lp = None
+        if self.algorithm.kl_coef > 0:
+            ref_lp = batched_logprobs(self.ref_model, batch, self.cfg.micro_batch_size, self.temperature)
+        seen_lp = torch.zeros_like(batch.rollout_logprobs)  # log-probs of the first pass, for the mismatch
         sums: dict[str, float] = {}
         updates = 0
-        for _ in range(self.cfg.ppo_epochs):
-            for rows in self._mini_batches(batch):
-                for k, v in self._update(batch, rows, old_lp, ref_lp, advantages).items():
+        for epoch in range(self.cfg.ppo_epochs):
+            for rows in minis if epoch == 0 else self._mini_batches(batch):
+                for k, v in self._update(batch, rows, old_lp, ref_lp, advantages, seen_lp).items():
                     sums[k] = sums.get(k, 0.0) + v
                 updates += 1
         metrics.update({k: v / updates for k, v in sums.items()})
+        if self.algorithm.needs_old_logprobs:
+            metrics.update(self._mismatch_metrics(batch, seen_lp if old_lp is None else old_lp))
         self.step += 1
         metrics.update(
             {
@@ -142,18 +148,24 @@ class Trainer:
     def _mini_batches(self, batch: TrainBatch) -> list[torch.Tensor]:
         """Row index sets, one per optimizer step; shuffled when there is more than one."""
         n = batch.num_rows
-        size = self.cfg.mini_batch_size or n
-        if batch.packed:  # rows hold several sequences: scale the row count by the packing ratio
+        size = self.cfg.mini_batch_size or batch.num_seqs  # in sequences
+        if batch.packed:  # rows hold several sequences: convert with the packing ratio
             size = max(1, round(size * n / batch.num_seqs))
         if size >= n:
             return [torch.arange(n)]
         order = torch.randperm(n, generator=self.generator)
         return [order[i : i + size] for i in range(0, n, size)]
 
-    def _update(self, batch, rows, old_lp, ref_lp, advantages) -> dict[str, float]:
+    def _update(self, batch, rows, old_lp, ref_lp, advantages, seen_lp) -> dict[str, float]:
+        """One optimizer step over the mini-batch ``rows``, accumulated over micro-batches.
+
+        ``old_lp`` None means: use this pass's own detached log-probs (single update per batch).
+        """
         mask = batch.loss_mask[rows]
         scale = loss_scale(mask, batch.seq_index[rows], float(self.max_response_length))
-        self.model.train()
+        # Dropout stays off for RL (old and new log-probs must come from the same function); SFT trains
+        # in train mode.
+        self.model.train(not self.algorithm.needs_old_logprobs)
         sums: dict[str, float] = {}
         total_loss = 0.0
         mb = self.cfg.micro_batch_size
@@ -161,9 +173,10 @@ class Trainer:
             idx = rows[start : start + mb]
             sub = batch.select_rows(idx)
             lp = token_logprobs(self.model, sub, self.temperature)
+            seen_lp[idx] = lp.detach()
             inputs = PolicyLossInputs(
                 logprobs=lp,
-                old_logprobs=old_lp[idx],
+                old_logprobs=lp.detach() if old_lp is None else old_lp[idx],
                 advantages=advantages[idx],
                 mask=sub.loss_mask,
                 seq_index=sub.seq_index,
