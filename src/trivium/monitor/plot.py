@@ -17,26 +17,33 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     records = read_metrics(run_dir)
     out = Path(out) if out else run_dir / "curves.png"
 
-    def series(key: str):
-        pts = [(r["global_step"], r[key]) for r in records if key in r and isinstance(r[key], (int, float))]
+    def series(key: str, stage: str | None = None):
+        pts = [
+            (r["global_step"], r[key])
+            for r in records
+            if key in r and isinstance(r[key], (int, float)) and (stage is None or r.get("stage") == stage)
+        ]
         return [p[0] for p in pts], [p[1] for p in pts]
 
+    stages = [name for _, name in _stage_starts(records)]
     eval_keys = sorted({k for r in records for k in r if k.startswith("eval/") and k.endswith("/accuracy")})
-    panels = [
-        ("train reward", ["rollout/reward_mean"]),
-        ("eval accuracy", eval_keys),
-        ("loss", ["train/loss"]),
+    panels = [  # (title, [(label, key, stage)]): losses per stage, since SFT and RL losses differ in scale
+        ("train reward", [("rollout/reward_mean", "rollout/reward_mean", None)]),
+        ("eval accuracy", [(k, k, None) for k in eval_keys]),
+        ("loss", [(f"{s}: train/loss", "train/loss", s) for s in stages]),
     ]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    boundaries = _stage_starts(records)
-    for ax, (title, keys) in zip(axes, panels):
-        for key in keys:
-            xs, ys = series(key)
+    for ax, (title, lines) in zip(axes, panels):
+        xs_all = []
+        for label, key, stage in lines:
+            xs, ys = series(key, stage)
             if xs:
-                ax.plot(xs, ys, marker="o" if title == "eval accuracy" else None, markersize=3, label=key)
-        for x, name in boundaries:
-            ax.axvline(x, color="grey", linestyle=":", linewidth=1)
-            ax.text(x, 1.0, f" {name}", transform=ax.get_xaxis_transform(), fontsize=8, va="top")
+                ax.plot(xs, ys, marker="o" if title == "eval accuracy" else None, markersize=3, label=label)
+                xs_all += xs
+        for x, name in _stage_starts(records):  # stage boundaries inside this panel's data only
+            if xs_all and min(xs_all) <= x <= max(xs_all):
+                ax.axvline(x, color="grey", linestyle=":", linewidth=1)
+                ax.text(x, 1.0, f" {name}", transform=ax.get_xaxis_transform(), fontsize=8, va="top")
         ax.set_title(title)
         ax.set_xlabel("global step")
         if ax.lines:
