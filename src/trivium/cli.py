@@ -70,11 +70,12 @@ def _cmd_run(args) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
+    from trivium.buffer.task_reader import TaskDataError
     from trivium.launch.run import RunFolderExists, run
 
     try:
         run_dir = run(run_cfg, overwrite=args.overwrite)
-    except RunFolderExists as exc:
+    except (RunFolderExists, TaskDataError) as exc:  # user errors: the message says what to do
         print(exc, file=sys.stderr)
         return 2
     print(f"run folder: {run_dir}  (plot it: trivium plot {run_dir})")

@@ -152,3 +152,15 @@ def test_check_config_cli(tmp_path, capsys, data_dir):
     err = capsys.readouterr().err
     assert "buffer.batch_size" in err and "trainer.lr" in err
     assert cli(["check-config", str(bad), "--set", "trainer.lr=1e-4", "--set", "buffer.batch_size=2"]) == 0
+
+
+def test_workflow_args_are_checked_by_the_workflow(data_dir):
+    raw = base()
+    raw["buffer"]["taskset"]["workflow_args"] = {"prompt_template": "Solve it"}
+    err = problems_of(raw, data_dir)
+    (p,) = err.problems
+    assert p.path == "buffer.taskset.workflow_args"
+    assert "{question}" in p.rule
+    raw["buffer"]["taskset"]["workflow_args"] = {"temperature": 0.3}
+    (p,) = problems_of(raw, data_dir).problems
+    assert "temperature" in p.rule

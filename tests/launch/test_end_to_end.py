@@ -125,3 +125,16 @@ def test_seeded_runs_are_reproducible(tmp_path):
             ]
         )
     assert curves[0] == curves[1]
+
+
+def test_bad_row_in_a_later_stage_fails_before_training(tmp_path, capsys):
+    write_task(tmp_path)
+    with (tmp_path / "train.jsonl").open("a") as f:
+        f.write(json.dumps({"question": "   ", "answer": "#### 1"}) + "\n")
+    cfg_path = tmp_path / "run.yaml"
+    cfg_path.write_text(yaml.safe_dump(config(tmp_path)))
+    assert cli(["run", "--config", str(cfg_path)]) == 2
+    err = capsys.readouterr().err
+    assert "train.jsonl" in err and "question" in err and "257" in err  # file, field, line
+    assert "on_bad_row" in err  # and what to do
+    assert not (tmp_path / "runs" / "e2e" / "codes" / "base_model").exists()  # no model was made

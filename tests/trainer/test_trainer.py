@@ -121,3 +121,43 @@ def test_checkpoint_roundtrip_and_pruning(policy, tokenizer, tmp_path):
     assert state["step"] == 1 and state["optimizer"]["state"]  # Adam moments are saved
     assert json.loads((root / "step_3" / "meta.json").read_text())["step"] == 3
     assert not list(root.glob("*.tmp"))
+
+
+def test_kl_loss_to_a_frozen_reference(policy, tokenizer):
+    exps = sampled_experiences(policy, tokenizer)
+    ref = copy.deepcopy(policy).requires_grad_(False)
+    spec = AlgorithmSpec.from_config(AlgorithmConfig(kl_loss={"coef": 0.5, "estimator": "k3"}))
+    trainer = Trainer(policy, TrainerConfig(lr=1e-2), spec, pad_token_id=0, total_steps=3, ref_model=ref)
+    first = trainer.train_step(exps)
+    assert first["kl/mean"] == pytest.approx(0.0, abs=1e-6)  # the policy starts at the reference
+    second = trainer.train_step(exps)
+    assert second["kl/mean"] > 0 and second["loss/kl"] > 0
+    with pytest.raises(ValueError, match="reference model"):
+        Trainer(policy, TrainerConfig(), spec, pad_token_id=0, total_steps=1)
+
+
+def test_make_tiny_cli(tmp_path):
+    from trivium.cli import main as cli
+
+    out = tmp_path / "tiny"
+    assert (
+        cli(
+            [
+                "make-tiny",
+                str(out),
+                "--hidden-size",
+                "32",
+                "--num-layers",
+                "1",
+                "--num-heads",
+                "2",
+                "--num-kv-heads",
+                "1",
+                "--intermediate-size",
+                "64",
+            ]
+        )
+        == 0
+    )
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.config.hidden_size == 32 and model.config.num_hidden_layers == 1

@@ -232,6 +232,17 @@ def _check_data(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
                 )
             )
         else:
+            try:  # workflow constructors only check their arguments: cheap, no model involved
+                WORKFLOWS[ts.workflow](**ts.workflow_args)
+            except (TypeError, ValueError) as exc:
+                out.append(
+                    Problem(
+                        at(path + ".workflow_args"),
+                        ts.workflow_args,
+                        str(exc),
+                        f"see the '{ts.workflow}' workflow's docstring for its arguments",
+                    )
+                )
             known = WORKFLOWS[ts.workflow].fields
             for key in ts.fields:
                 if key not in known:

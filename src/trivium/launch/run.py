@@ -51,6 +51,8 @@ def run(run_cfg: RunConfig, overwrite: bool = False) -> Path:
     if not torch.cuda.is_available():
         torch.set_flush_denormal(True)  # denormals slowed CPU training ~3x as weights shrank
 
+    for stage in run_cfg.stages:  # every stage's data is read and checked before any model is loaded
+        _check_data(stage)
     writer = MetricsWriter(run_dir)
     state = RunState()
     try:
@@ -60,6 +62,19 @@ def run(run_cfg: RunConfig, overwrite: bool = False) -> Path:
         writer.close()
     log.info("run finished: %s", run_dir)
     return run_dir
+
+
+def _check_data(stage: Stage) -> None:
+    """Load every task set and dataset of ``stage`` once: a bad row fails now, not after earlier stages."""
+    from trivium.buffer.sft_reader import SftReader
+
+    cfg = stage.config
+    if cfg.mode == "both":
+        build.task_reader(cfg.buffer.taskset, cfg.seed, is_eval=False)
+    if cfg.mode == "train":
+        SftReader(cfg.buffer.sft_dataset, tokenizer=None, seed=cfg.seed)
+    for ts in cfg.buffer.eval_tasksets:
+        build.task_reader(ts, cfg.seed, is_eval=True)
 
 
 @dataclass
@@ -169,6 +184,8 @@ def _train_loop(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunSt
     _maybe_eval_at_start(cfg, explorer, stage, writer, state, progress)
     for step in range(1, total + 1):
         record = trainer.train_step(data.next_batch(cfg.buffer.batch_size))
+        if data.reader.skipped_rows:
+            record["train/skipped_rows"] = float(data.reader.skipped_rows)
         state.version = trainer.step
         _finish_step(cfg, stage, step, total, record, explorer, trainer, run_dir, writer, state, progress)
     progress.close()
