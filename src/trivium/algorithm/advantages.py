@@ -27,10 +27,17 @@ __all__ = ["AdvantageInputs", "broadcast_to_tokens", "grpo"]
 class AdvantageInputs:
     """What an advantage function may look at; ``N`` sequences laid out in ``R`` rows of length ``L``."""
 
-    rewards: Tensor  # [N] float: one scalar reward per sequence
+    rewards: Tensor  # [N] float: one scalar reward per sequence (KL penalty included when it is on)
     group_ids: Tensor  # [N] int64: sequences compared with each other (the samples of one prompt)
     mask: Tensor  # [R, L] bool: True on action tokens we train on
     seq_index: Tensor  # [R, L] int64: sequence id 0..N-1 of each token, -1 on padding
+    # Optional inputs, present when the algorithm needs them (the trainer fills what the preset asks for):
+    token_rewards: Tensor | None = None  # [R, L]: per-token rewards rw (R_i on the last action token,
+    #                                      minus the KL penalty on every action token); sums to ``rewards``
+    values: Tensor | None = None  # [R, L]: critic values V^old of each action token's state
+    old_logprobs: Tensor | None = None  # [R, L]: ℓold, behaviour policy
+    ref_logprobs: Tensor | None = None  # [R, L]: ℓref, reference model
+    teacher_logprobs: Tensor | None = None  # [R, L]: ℓT, teacher's log-prob of the sampled token
 
     def __post_init__(self) -> None:
         n = self.rewards.shape

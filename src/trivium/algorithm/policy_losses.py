@@ -33,6 +33,11 @@ class PolicyLossInputs:
     advantages: Tensor  # A_{i,t}: detached, 0 off the mask
     mask: Tensor  # bool: True on action tokens we train on
     seq_index: Tensor  # int64: sequence id of each token, -1 on padding
+    # Optional inputs, present when a loss needs them:
+    rollout_logprobs: Tensor | None = None  # [R, L]: the rollout engine's log-probs (truncated IS, mismatch)
+    ref_logprobs: Tensor | None = None  # [R, L]: reference model (regularisers)
+    is_expert: Tensor | None = None  # [R, L] bool: tokens of expert demonstrations mixed into the batch (CHORD)
+    step: int = 0  # global training step (schedules, e.g. CHORD's μ)
 
     def __post_init__(self) -> None:
         shapes = {
