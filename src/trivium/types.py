@@ -9,8 +9,8 @@ Design decisions:
   (several sequences a row, told apart by ``seq_index``), so losses never care which one they get.
 - Grouping ids (task, group, run, step) are separate fields, not one packed string.
 
-Left out on purpose: DPO pairs and other shapes of data get their own types (later), not optional fields
-here.
+A preference pair (DPO) is its own type, not an Experience with optional fields; ``collate_pairs``
+lays it out as two sequences with explicit indices, so chosen and rejected are never paired by row order.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Experience", "Task", "TrainBatch", "collate"]
+__all__ = ["Experience", "PreferencePair", "Task", "TrainBatch", "collate", "collate_pairs"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,7 @@ class Experience:
     run_index: int = 0  # which of the task's repeat_times samples this is
     model_version: int = 0  # weights version of the rollout model that produced it
     explore_step: int = -1
+    is_expert: bool = False  # an expert demonstration mixed into an RL batch (CHORD), not a rollout
     info: Mapping[str, Any] = field(default_factory=dict)  # free-form, e.g. the response text
     metrics: Mapping[str, float] = field(default_factory=dict)  # numeric, averaged into rollout metrics
 
@@ -93,6 +94,37 @@ class Experience:
         return dataclasses.replace(self, **changes)
 
 
+@dataclass(frozen=True)
+class PreferencePair:
+    """A prompt with a preferred and a dispreferred response (token ids; responses end with EOS)."""
+
+    prompt: torch.Tensor  # [P] int64
+    chosen: torch.Tensor  # [C] int64
+    rejected: torch.Tensor  # [J] int64
+    pair_id: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("prompt", "chosen", "rejected"):
+            t = getattr(self, name)
+            if t.dim() != 1 or t.numel() == 0:
+                raise ValueError(
+                    f"PreferencePair.{name} must be a non-empty 1-D tensor (pair {self.pair_id!r})"
+                )
+
+    def as_experiences(self) -> tuple[Experience, Experience]:
+        def seq(response: torch.Tensor) -> Experience:
+            n = response.numel()
+            return Experience(
+                tokens=torch.cat([self.prompt, response]),
+                prompt_length=self.prompt.numel(),
+                action_mask=torch.ones(n, dtype=torch.bool),
+                logprobs=torch.zeros(n),
+                task_id=self.pair_id,
+            )
+
+        return seq(self.chosen), seq(self.rejected)
+
+
 @dataclass
 class TrainBatch:
     """Collated experiences. ``R`` rows of length ``L``; ``N`` sequences (``N == R`` unless packed).
@@ -110,6 +142,7 @@ class TrainBatch:
     group_ids: torch.Tensor  # [N] int64
     model_versions: torch.Tensor  # [N] int64
     response_lengths: torch.Tensor  # [N] int64: number of action tokens n_i
+    is_expert: torch.Tensor | None = None  # [N] bool: expert demonstrations (CHORD); None when there are none
     packed: bool = False
 
     @property
@@ -151,6 +184,7 @@ class TrainBatch:
             group_ids=self.group_ids[old],
             model_versions=self.model_versions[old],
             response_lengths=self.response_lengths[old],
+            is_expert=None if self.is_expert is None else self.is_expert[old],
             packed=self.packed,
         )
 
@@ -210,8 +244,24 @@ def collate(
         group_ids=torch.tensor([e.group_id for e in experiences], dtype=torch.long),
         model_versions=torch.tensor([e.model_version for e in experiences], dtype=torch.long),
         response_lengths=torch.tensor([e.num_action_tokens for e in experiences], dtype=torch.long),
+        is_expert=torch.tensor([e.is_expert for e in experiences])
+        if any(e.is_expert for e in experiences)
+        else None,
         packed=pack_length is not None,
     )
+
+
+def collate_pairs(
+    pairs: Sequence[PreferencePair], pad_token_id: int
+) -> tuple[TrainBatch, torch.Tensor, torch.Tensor]:
+    """Collate pairs as ``2P`` sequences; returns the batch and ``chosen_index``, ``rejected_index`` [P].
+
+    Sequence ``chosen_index[k]`` and ``rejected_index[k]`` are the two responses of pair k.
+    """
+    sequences = [e for pair in pairs for e in pair.as_experiences()]
+    batch = collate(sequences, pad_token_id)
+    index = torch.arange(len(pairs)) * 2
+    return batch, index, index + 1
 
 
 def _first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:

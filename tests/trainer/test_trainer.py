@@ -56,7 +56,7 @@ def make_trainer(model, micro, algorithm="grpo", sgd=False, **cfg):
     spec = AlgorithmSpec.from_config(AlgorithmConfig(algorithm_type=algorithm))
     trainer = Trainer(model, tcfg, spec, pad_token_id=0, total_steps=10, max_response_length=12)
     if sgd:  # parameter change == -gradient: compares gradients (Adam would amplify float noise near 0)
-        trainer.optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+        trainer.optim.optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     return trainer
 
 

@@ -1,13 +1,22 @@
-"""Advantage functions: per-sequence rewards ``[N]`` in, per-token advantages ``[R, L]`` out.
+"""Advantage functions: rewards (and optional per-token inputs) in, per-token advantages ``[R, L]`` out.
+
+Every function has one signature, ``fn(inputs: AdvantageInputs, **args) -> (advantages [R, L], metrics)``,
+and is registered in ``ADVANTAGE_FNS``. This file holds the inputs type, the group-baseline core shared
+by several estimators, and GRPO / Dr. GRPO / REC. Other families live next to it and register on import
+(see the end of this file): ``advantages_group`` (RLOO, AsymRE, REINFORCE++-baseline),
+``advantages_returns`` (REINFORCE++: returns-to-go of token rewards), ``advantages_critic`` (GAE, and the
+critic's value targets) and ``advantages_distill`` (on-policy and JSD distillation). ``rewards_shaping``
+builds the token rewards and holds the KL-penalty controllers and DAPO's shaping.
 
 Design decisions:
-- Advantages carry no gradient (ALGORITHMS.md §0.1): rewards are detached on entry, whatever the caller
+- Advantages carry no gradient (ALGORITHMS.md §0.1): every input is detached on entry, whatever the caller
   passes, so a reward model's graph can never leak into the policy loss.
-- Group statistics are computed for all groups at once (``torch.unique`` + ``index_add_``), with no Python
-  loop over groups; ``tests/algorithm`` checks them against a looped reference.
+- Group statistics are computed for all groups at once (``torch.unique`` + ``scatter_reduce``), with no
+  Python loop over groups; ``tests/algorithm`` checks them against looped references.
 - Tokens get their sequence's advantage through ``seq_index``, so padded and packed rows are the same.
-
-Left out: critic-based estimators (GAE) and leave-one-out baselines; they register here when they land.
+- Statistics over tokens (whitening) use only tokens on the mask: prompt, padding and tool tokens never
+  shift a mean or a variance (ALGORITHMS.md §22.4).
+- A function that needs an optional input which is ``None`` raises, naming the input and what provides it.
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ from torch import Tensor
 from trivium.algorithm.registry import ADVANTAGE_FNS
 from trivium.types import TrainBatch
 
-__all__ = ["AdvantageInputs", "broadcast_to_tokens", "grpo"]
+__all__ = ["AdvantageInputs", "broadcast_to_tokens", "grpo", "rec"]
 
 
 @dataclass(frozen=True)
@@ -72,24 +81,74 @@ def grpo(
     (rounding in μ would otherwise leave ~1e-8 / ε of noise). Returns advantages ``[R, L]`` (detached,
     0 off the mask) and metrics over the N sequences.
     """
-    if (inputs.group_ids < 0).any():
-        bad = inputs.group_ids[inputs.group_ids < 0].unique().tolist()
-        raise ValueError(
-            f"grpo needs every group id >= 0, got {bad}: -1 is Experience.group_id's 'unset' value; set "
-            f"group ids in the workflow (the samples of one task share one id)"
-        )
-    rewards = inputs.rewards.detach().to(torch.promote_types(inputs.rewards.dtype, torch.float32))
-    _, group, counts = torch.unique(inputs.group_ids, return_inverse=True, return_counts=True)
+    return _group_baseline_advantages(inputs, "grpo", std_normalize=std_normalize, epsilon=epsilon)
+
+
+@ADVANTAGE_FNS.register("rec")
+def rec(
+    inputs: AdvantageInputs, *, std_normalize: bool = False, epsilon: float = 1e-6
+) -> tuple[Tensor, dict[str, float]]:
+    """REC's group-relative REINFORCE advantage (ALGORITHMS.md §15): A_i = R_i − μ_g, optionally /(σ_g + ε).
+
+    The same estimator as ``grpo`` with the other default: REC's claim is that the group-mean baseline
+    alone is what makes group-relative REINFORCE work off-policy; the std division is optional. The
+    conventions of ``grpo`` hold (a group of one gets A = R, an all-equal group exactly 0).
+    """
+    return _group_baseline_advantages(inputs, "rec", std_normalize=std_normalize, epsilon=epsilon)
+
+
+def _group_baseline_advantages(
+    inputs: AdvantageInputs, who: str, *, std_normalize: bool, epsilon: float
+) -> tuple[Tensor, dict[str, float]]:
+    rewards = _as_float(inputs.rewards)
+    group, counts = _dense_groups(inputs.group_ids, who)
     seq_adv = _group_normalise(rewards, group, counts, std_normalize=std_normalize, epsilon=epsilon)
     advantages = broadcast_to_tokens(seq_adv, inputs.mask, inputs.seq_index)
-    group_abs_max = _group_reduce(seq_adv.abs(), group, counts.numel(), "amax")
-    metrics = {
-        "advantage/mean": float(seq_adv.mean()),
-        "advantage/std": float(seq_adv.std()) if seq_adv.numel() > 1 else 0.0,
-        "advantage/zero_groups_fraction": float((group_abs_max == 0).float().mean()),
-        "advantage/num_groups": float(counts.numel()),
-    }
-    return advantages, metrics
+    return advantages, _sequence_metrics(seq_adv, group, counts)
+
+
+# Helpers shared by the advantage modules of this package (advantages_*.py).
+
+
+def _as_float(values: Tensor) -> Tensor:
+    """Detached, in float32 at least (a bf16 reward or log-prob would round group statistics)."""
+    return values.detach().to(torch.promote_types(values.dtype, torch.float32))
+
+
+def _require(inputs: AdvantageInputs, name: str, who: str, provider: str) -> Tensor:
+    """The optional per-token input ``inputs.<name>`` detached, or a ValueError saying what provides it."""
+    value = getattr(inputs, name)
+    if value is None:
+        raise ValueError(f"{who} needs inputs.{name}: {provider}")
+    if value.shape != inputs.mask.shape:
+        raise ValueError(
+            f"{who}: inputs.{name} must have the mask's [R, L] shape {tuple(inputs.mask.shape)}, "
+            f"got {tuple(value.shape)}"
+        )
+    return _as_float(value)
+
+
+def _valid_seq_index(mask: Tensor, seq_index: Tensor, num_seqs: int, who: str) -> Tensor:
+    """Sequence id ``[K]`` of each token on ``mask`` (row-major order), checked to lie in [0, N)."""
+    seq = seq_index[mask]
+    if seq.numel() and (int(seq.min()) < 0 or int(seq.max()) >= num_seqs):
+        raise ValueError(
+            f"{who}: seq_index on the mask must be in [0, N={num_seqs}) (every action token belongs to one "
+            f"of the N sequences), got values in [{int(seq.min())}, {int(seq.max())}]"
+        )
+    return seq
+
+
+def _dense_groups(group_ids: Tensor, who: str) -> tuple[Tensor, Tensor]:
+    """Dense group index ``[N]`` (0..G-1) and group sizes ``[G]``; refuses unset (negative) ids."""
+    if (group_ids < 0).any():
+        bad = group_ids[group_ids < 0].unique().tolist()
+        raise ValueError(
+            f"{who} needs every group id >= 0, got {bad}: -1 is Experience.group_id's 'unset' value; set "
+            f"group ids in the workflow (the samples of one task share one id)"
+        )
+    _, group, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
+    return group, counts
 
 
 def _group_normalise(
@@ -106,11 +165,53 @@ def _group_normalise(
     std = torch.where(single, 1.0, std)
     centred = rewards - mean[group]
     adv = centred / (std[group] + epsilon) if std_normalize else centred
-    highest = _group_reduce(rewards, group, num_groups, "amax")
-    all_equal = (highest == _group_reduce(rewards, group, num_groups, "amin")) & ~single
+    all_equal = _all_equal_groups(rewards, group, num_groups) & ~single
     return torch.where(all_equal[group], 0.0, adv)
+
+
+def _all_equal_groups(rewards: Tensor, group: Tensor, num_groups: int) -> Tensor:
+    """``[G]`` bool: the group's rewards are all exactly equal (always true for a group of one)."""
+    highest = _group_reduce(rewards, group, num_groups, "amax")
+    return highest == _group_reduce(rewards, group, num_groups, "amin")
 
 
 def _group_reduce(values: Tensor, group: Tensor, num_groups: int, reduce: str) -> Tensor:
     out = torch.zeros(num_groups, dtype=values.dtype, device=values.device)
     return out.scatter_reduce(0, group, values, reduce=reduce, include_self=False)
+
+
+def _sequence_metrics(seq_adv: Tensor, group: Tensor, counts: Tensor) -> dict[str, float]:
+    group_abs_max = _group_reduce(seq_adv.abs(), group, counts.numel(), "amax")
+    return {
+        "advantage/mean": float(seq_adv.mean()),
+        "advantage/std": float(seq_adv.std()) if seq_adv.numel() > 1 else 0.0,
+        "advantage/zero_groups_fraction": float((group_abs_max == 0).float().mean()),
+        "advantage/num_groups": float(counts.numel()),
+    }
+
+
+def _whiten(values: Tensor, mask: Tensor, epsilon: float = 1e-8) -> Tensor:
+    """(x − mean) / sqrt(var + ε) over the tokens on ``mask`` only (unbiased var); 0 off the mask.
+
+    One valid token (or all equal) has var 0 and comes out as exactly 0.
+    """
+    n = mask.sum()
+    kept = torch.where(mask, values, 0.0)  # also drops NaN/inf that may sit off the mask
+    mean = kept.sum() / n.clamp(min=1)
+    var = torch.where(mask, (values - mean) ** 2, 0.0).sum() / (n - 1).clamp(min=1)
+    return torch.where(mask, (values - mean) * torch.rsqrt(var + epsilon), 0.0)
+
+
+def _token_stats(values: Tensor, mask: Tensor) -> tuple[float, float]:
+    """Mean and (unbiased) std of ``values`` over the tokens on ``mask``, for metrics."""
+    kept = values[mask]
+    if kept.numel() == 0:
+        return 0.0, 0.0
+    return float(kept.mean()), (float(kept.std()) if kept.numel() > 1 else 0.0)
+
+
+# The other advantage families register on import (this file is what `trivium.algorithm` imports).
+from trivium.algorithm import advantages_critic as _advantages_critic  # noqa: E402, F401
+from trivium.algorithm import advantages_distill as _advantages_distill  # noqa: E402, F401
+from trivium.algorithm import advantages_group as _advantages_group  # noqa: E402, F401
+from trivium.algorithm import advantages_returns as _advantages_returns  # noqa: E402, F401

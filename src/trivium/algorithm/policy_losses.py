@@ -8,11 +8,17 @@ Design decisions:
 - Metrics are means over this micro-batch's masked tokens only (prompt, padding and tool tokens never
   count); the trainer averages them over micro-batches.
 
-Left out: GSPO, CISPO, SAPO and the other §9–§16 losses; each registers here with the same signature.
+Token-level losses live here (PPO, IS-PG, CISPO, SAPO, sPPO, SFT); losses that need per-sequence ratios
+or several parts live in ``losses_*.py`` (GSPO/TOPR/sequence PPO, REC, CHORD), imported at the end of
+this file so that importing it registers every policy loss.
+
+Several losses (CISPO, TOPR, REC) put ℓ itself, not ρ, in λ: only their gradient is meaningful, so their
+``loss/policy`` value must not be compared across algorithms.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -21,7 +27,7 @@ from torch import Tensor
 from trivium.algorithm.aggregation import masked_mean
 from trivium.algorithm.registry import POLICY_LOSS_FNS
 
-__all__ = ["PolicyLossInputs", "ppo_clip", "sft"]
+__all__ = ["PolicyLossInputs", "cispo", "is_pg", "ppo_clip", "sapo", "sft", "sppo", "token_log_ratio"]
 
 
 @dataclass(frozen=True)
@@ -36,7 +42,9 @@ class PolicyLossInputs:
     # Optional inputs, present when a loss needs them:
     rollout_logprobs: Tensor | None = None  # [R, L]: the rollout engine's log-probs (truncated IS, mismatch)
     ref_logprobs: Tensor | None = None  # [R, L]: reference model (regularisers)
-    is_expert: Tensor | None = None  # [R, L] bool: tokens of expert demonstrations mixed into the batch (CHORD)
+    is_expert: Tensor | None = (
+        None  # [R, L] bool: tokens of expert demonstrations mixed into the batch (CHORD)
+    )
     step: int = 0  # global training step (schedules, e.g. CHORD's μ)
 
     def __post_init__(self) -> None:
@@ -89,3 +97,123 @@ def sft(inputs: PolicyLossInputs) -> tuple[Tensor, dict[str, float]]:
     """Masked negative log-likelihood λ = −ℓ (ALGORITHMS.md §17); advantages and old log-probs unused."""
     nll = torch.where(inputs.mask, -inputs.logprobs, 0.0)
     return nll, {"sft/nll": float(masked_mean(nll.detach(), inputs.mask))}
+
+
+@POLICY_LOSS_FNS.register("is_pg")
+def is_pg(inputs: PolicyLossInputs) -> tuple[Tensor, dict[str, float]]:
+    """Importance-sampled policy gradient without clipping, λ = −ρ·A (ALGORITHMS.md §19).
+
+    The on-policy distillation loss: with A = λ_KL(ℓT − ℓold) its gradient on-policy is −A∇ℓ, the
+    per-position reverse-KL gradient. Use ``ppo_clip`` for the clipped, more stable variant.
+    Aggregation: token-mean.
+    """
+    log_ratio = token_log_ratio(inputs)
+    ratio = log_ratio.exp()
+    loss = -inputs.advantages * ratio
+    with torch.no_grad():
+        metrics = {
+            "policy/ratio_mean": float(masked_mean(ratio, inputs.mask)),
+            "policy/approx_kl": float(masked_mean(-log_ratio, inputs.mask)),
+        }
+    return torch.where(inputs.mask, loss, 0.0), metrics
+
+
+@POLICY_LOSS_FNS.register("cispo")
+def cispo(
+    inputs: PolicyLossInputs,
+    *,
+    clip_low: float = 1.0,
+    clip_high: float = 0.28,
+    mask_clip_low: float | None = None,
+    mask_clip_high: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """CISPO (ALGORITHMS.md §10): λ = −sg[clip(ρ, 1 − clip_low, 1 + clip_high)]·A·ℓ.
+
+    The IS weight is clipped and detached, the update itself is never clipped: every token keeps the
+    gradient −w·A·∇ℓ (PPO would zero it outside its band). ``clip_low = 1`` puts the lower bound at 0,
+    i.e. only the cap 1 + clip_high acts, as in the paper. ``mask_clip_low`` / ``mask_clip_high`` (off
+    when None) add the optional PPO-like trust-region mask M: λ = 0 where A > 0 and ρ > 1 + mask_clip_high
+    or A < 0 and ρ < 1 − mask_clip_low. The value holds ℓ, so only its gradient is meaningful.
+    Aggregation: token-mean.
+    """
+    if not 0 <= clip_low <= 1 or clip_high < 0:
+        raise ValueError(
+            f"cispo needs 0 <= clip_low <= 1 (1: no lower bound) and clip_high >= 0, got {clip_low}, {clip_high}"
+        )
+    mask, adv = inputs.mask, inputs.advantages
+    with torch.no_grad():
+        ratio = token_log_ratio(inputs).exp()
+        weight = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+        keep = torch.ones_like(mask)
+        if mask_clip_high is not None:
+            keep &= ~((adv > 0) & (ratio > 1.0 + mask_clip_high))
+        if mask_clip_low is not None:
+            keep &= ~((adv < 0) & (ratio < 1.0 - mask_clip_low))
+        metrics = {
+            "policy/clip_fraction": float(masked_mean((weight != ratio).float(), mask)),
+            "policy/ratio_mean": float(masked_mean(ratio, mask)),
+            "cispo/weight_mean": float(masked_mean(weight, mask)),
+        }
+        if mask_clip_low is not None or mask_clip_high is not None:
+            metrics["cispo/masked_fraction"] = float(masked_mean((~keep).float(), mask))
+    loss = -weight * adv * inputs.logprobs
+    return torch.where(mask & keep, loss, 0.0), metrics
+
+
+@POLICY_LOSS_FNS.register("sapo")
+def sapo(
+    inputs: PolicyLossInputs, *, tau_pos: float = 1.0, tau_neg: float = 1.05
+) -> tuple[Tensor, dict[str, float]]:
+    """SAPO (ALGORITHMS.md §11): λ = −(4/τ)·σ(τ(ρ − 1))·A, τ = tau_pos if A > 0 else tau_neg.
+
+    A smooth gate instead of a hard clip. ρ keeps its gradient: ∇λ = −A·4σ(1 − σ)·ρ·∇ℓ, the plain policy
+    gradient at ρ = 1 and smoothly smaller away from it (faster for the larger τ_neg, which damps
+    negative-advantage tokens more). −sg[f]·A·ℓ would be a different update. Aggregation:
+    seq-mean-token-mean (the paper's).
+    """
+    if not 0 < tau_pos <= tau_neg:
+        raise ValueError(f"sapo needs 0 < tau_pos <= tau_neg, got tau_pos={tau_pos}, tau_neg={tau_neg}")
+    mask, adv = inputs.mask, inputs.advantages
+    ratio = token_log_ratio(inputs).exp()
+    tau = torch.where(adv > 0, tau_pos, tau_neg)
+    gate = torch.sigmoid(tau * (ratio - 1.0))
+    loss = -(4.0 / tau) * gate * adv
+    with torch.no_grad():
+        metrics = {
+            "policy/ratio_mean": float(masked_mean(ratio, mask)),
+            "sapo/gate_weight_mean": float(masked_mean(4.0 * gate * (1.0 - gate), mask)),
+        }
+    return torch.where(mask, loss, 0.0), metrics
+
+
+@POLICY_LOSS_FNS.register("sppo")
+def sppo(inputs: PolicyLossInputs, *, epsilon: float = 0.3) -> tuple[Tensor, dict[str, float]]:
+    """sPPO (ALGORITHMS.md §13): λ = −A·log clip(ρ, 1/(1 + ε), 1 + ε).
+
+    Gradient −A∇ℓ inside the band and 0 outside it, whatever the sign of A (PPO's clip is one-sided per
+    sign). Clamping log ρ to ±log(1 + ε) is the same function with no exp. Aggregation: token-mean.
+    """
+    if not epsilon > 0:
+        raise ValueError(f"sppo needs epsilon > 0 (band [1/(1+ε), 1+ε]), got {epsilon}")
+    mask = inputs.mask
+    log_ratio = token_log_ratio(inputs)
+    bound = math.log1p(epsilon)
+    loss = -inputs.advantages * log_ratio.clamp(-bound, bound)
+    with torch.no_grad():
+        metrics = {
+            "policy/clip_fraction": float(masked_mean((log_ratio.abs() > bound).float(), mask)),
+            "policy/approx_kl": float(masked_mean(-log_ratio, mask)),
+        }
+    return torch.where(mask, loss, 0.0), metrics
+
+
+def token_log_ratio(inputs: PolicyLossInputs) -> Tensor:
+    """log ρ = ℓ − ℓold, clamped to [−20, 20] (§0.2), differentiable in ℓ."""
+    return (inputs.logprobs - inputs.old_logprobs).clamp(-20.0, 20.0)
+
+
+# Policy losses defined in their own files; importing them registers them (imports at the end: they
+# import PolicyLossInputs from here).
+from trivium.algorithm import losses_mix as _losses_mix  # noqa: E402, F401
+from trivium.algorithm import losses_rec as _losses_rec  # noqa: E402, F401
+from trivium.algorithm import losses_sequence as _losses_sequence  # noqa: E402, F401

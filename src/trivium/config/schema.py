@@ -113,8 +113,26 @@ class TaskSetConfig(StrictModel):
 class SftDatasetConfig(StrictModel):
     path: str = ""
     """JSON, JSONL or Parquet file of demonstrations, relative to the config file's folder."""
+    format: Literal["prompt_response", "messages"] = "prompt_response"
+    """prompt_response: a user prompt and an assistant response per row; messages: a chat 'messages' list
+    (multi-turn; every assistant turn is trained on)."""
     fields: dict[str, str] = Field(default_factory=dict)
-    """Map from 'prompt'/'response' to the columns in the file, e.g. {prompt: question, response: answer}."""
+    """Map from 'prompt'/'response' (or 'messages') to the columns in the file, e.g. {prompt: question}."""
+    system_prompt: str | None = None
+    """Optional system message put before every prompt."""
+    shuffle: bool = True
+    """Shuffle every epoch (seeded)."""
+    on_bad_row: Literal["error", "skip"] = "error"
+    """A row with a missing, mistyped or empty field: stop with an error naming it, or skip and count it."""
+    max_rows: int | None = Field(None, ge=1)
+    """Use only the first N rows."""
+
+
+class PreferenceDatasetConfig(StrictModel):
+    path: str = ""
+    """JSON, JSONL or Parquet file of preference pairs, relative to the config file's folder."""
+    fields: dict[str, str] = Field(default_factory=dict)
+    """Map from 'prompt'/'chosen'/'rejected' to the columns in the file."""
     system_prompt: str | None = None
     """Optional system message put before every prompt."""
     shuffle: bool = True
@@ -138,6 +156,12 @@ class BufferConfig(StrictModel):
     """Task sets evaluated every explorer.eval_interval steps."""
     sft_dataset: SftDatasetConfig | None = None
     """Demonstrations for SFT in train mode."""
+    preference_dataset: PreferenceDatasetConfig | None = None
+    """Preference pairs for DPO in train mode."""
+    expert_dataset: SftDatasetConfig | None = None
+    """Expert demonstrations mixed into RL batches (CHORD, algorithm_type mix_chord)."""
+    expert_per_step: int = Field(0, ge=0)
+    """Expert sequences added to every RL train batch from expert_dataset (e.g. 20% of the batch)."""
     queue_capacity: int = Field(0, ge=0)
     """Experiences the in-process queue holds before the explorer blocks; 0 = two train batches."""
 
@@ -149,9 +173,60 @@ class KLLossConfig(StrictModel):
     """KL estimator (ALGORITHMS.md §2.1)."""
 
 
+class KLPenaltyConfig(StrictModel):
+    coef: float = Field(0.0, ge=0.0)
+    """β of the KL penalty folded into token rewards (PPO, RLOO, REINFORCE++); 0 turns it off."""
+    estimator: Literal["k1", "k2", "k3", "low_var_kl", "abs"] = "k1"
+    """KL estimator for the penalty (ALGORITHMS.md §2.1a)."""
+    adaptive: bool = False
+    """Adapt β towards target_kl (Ziegler et al.)."""
+    target_kl: float = Field(0.1, gt=0.0)
+    """KL the adaptive controller aims for."""
+    horizon: int = Field(10000, ge=1)
+    """Horizon of the adaptive controller, in sequences."""
+
+
+class CriticConfig(StrictModel):
+    path: str | None = None
+    """Base model of the critic (a value head is added); None = the policy's starting weights."""
+    lr: float = Field(1e-4, gt=0.0)
+    """Critic learning rate (its own AdamW)."""
+    value_clip: float = Field(0.5, ge=0.0)
+    """ε_V of the clipped value loss."""
+    warmup_steps: int = Field(0, ge=0)
+    """Steps during which only the critic trains (the policy waits for useful values)."""
+    gamma: float = Field(1.0, ge=0.0, le=1.0)
+    """GAE discount γ."""
+    lam: float = Field(1.0, ge=0.0, le=1.0)
+    """GAE λ."""
+
+
+class DynamicSamplingConfig(StrictModel):
+    enabled: bool = False
+    """DAPO dynamic sampling: drop groups whose rewards are all equal and sample more tasks to refill."""
+    max_rounds: int = Field(10, ge=0)
+    """Give up with an error after this many extra sampling rounds in one step (0 = unlimited)."""
+
+
+class OverlongPenaltyConfig(StrictModel):
+    enabled: bool = False
+    """DAPO overlong reward shaping, added to the task reward."""
+    cache_length: int = Field(4, ge=1)
+    """L_cache: the penalty ramps from 0 to -factor over the last cache_length tokens before max_tokens."""
+    factor: float = Field(1.0, ge=0.0)
+    """Scale of the penalty."""
+
+
+class DpoConfig(StrictModel):
+    beta: float = Field(0.1, gt=0.0)
+    """β of the DPO loss (strength of the implicit KL to the reference)."""
+    label_smoothing: float = Field(0.0, ge=0.0, lt=0.5)
+    """ε_ls of conservative DPO; 0 = plain DPO."""
+
+
 class AlgorithmConfig(StrictModel):
     algorithm_type: str = "grpo"
-    """Preset naming the parts below (grpo, sft)."""
+    """Preset naming the parts below (see `trivium.algorithm.presets`: grpo, ppo, sft, dpo, rloo, ...)."""
     advantage_fn: str | None = None
     """Override the preset's advantage function (registered name or 'module:function')."""
     advantage_args: dict[str, Any] = Field(default_factory=dict)
@@ -164,6 +239,20 @@ class AlgorithmConfig(StrictModel):
     """Override the preset's aggregation: token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm."""
     kl_loss: KLLossConfig = Field(default_factory=KLLossConfig)
     """KL-to-reference loss term."""
+    kl_penalty: KLPenaltyConfig = Field(default_factory=KLPenaltyConfig)
+    """KL-to-reference penalty in the rewards."""
+    entropy_coef: float = Field(0.0, ge=0.0)
+    """c_H of the entropy bonus (ALGORITHMS.md §2.2); 0 turns it off (and saves a [R, L, V] pass)."""
+    teacher: str = "teacher"
+    """Name of the auxiliary model that scores sampled tokens (on_policy_distill, jsd)."""
+    critic: CriticConfig = Field(default_factory=CriticConfig)
+    """The value model of PPO."""
+    dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
+    """DAPO dynamic sampling."""
+    overlong_penalty: OverlongPenaltyConfig = Field(default_factory=OverlongPenaltyConfig)
+    """DAPO overlong reward shaping."""
+    dpo: DpoConfig = Field(default_factory=DpoConfig)
+    """DPO loss settings."""
 
 
 class TrainerConfig(StrictModel):
@@ -207,6 +296,15 @@ class MonitorConfig(StrictModel):
     """Show a console progress bar with reward, accuracy and loss."""
 
 
+class AuxiliaryModelConfig(StrictModel):
+    name: str = "teacher"
+    """Name the algorithm refers to (e.g. algorithm.teacher)."""
+    path: str = ""
+    """Local Hugging Face folder (or hub id); must share the policy's tokenizer to score its tokens."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Dtype of the frozen weights."""
+
+
 class TriviumConfig(StrictModel):
     project: str = "trivium"
     """Project folder under checkpoint_root."""
@@ -220,6 +318,8 @@ class TriviumConfig(StrictModel):
     """Seed for Python, torch and data order."""
     model: ModelConfig = Field(default_factory=ModelConfig)
     """The policy model."""
+    auxiliary_models: list[AuxiliaryModelConfig] = Field(default_factory=list)
+    """Frozen helper models, e.g. a teacher for distillation."""
     explorer: ExplorerConfig = Field(default_factory=ExplorerConfig)
     """Rollout and evaluation."""
     buffer: BufferConfig = Field(default_factory=BufferConfig)

@@ -23,16 +23,29 @@ def resolve_paths(cfg: TriviumConfig, base_dir: Path) -> TriviumConfig:
             return p
         return str((base_dir / p).resolve())
 
+    def model_path(p: str | None, force_local: bool = False) -> str | None:
+        if not p or Path(p).is_absolute():
+            return p
+        candidate = base_dir / p
+        if candidate.exists() or p.startswith(".") or force_local:
+            return str(candidate.resolve())
+        return p
+
     data = cfg.model_dump()
-    model_path = data["model"]["path"]
-    if model_path and not Path(model_path).is_absolute():
-        candidate = base_dir / model_path
-        if candidate.exists() or model_path.startswith(".") or data["model"]["tiny"] is not None:
-            data["model"]["path"] = str(candidate.resolve())
+    data["model"]["path"] = model_path(data["model"]["path"], force_local=data["model"]["tiny"] is not None)
+    for aux in data["auxiliary_models"]:
+        aux["path"] = model_path(aux["path"])
+    data["algorithm"]["critic"]["path"] = model_path(data["algorithm"]["critic"]["path"])
     if data["model"]["tiny"] is not None:
         data["model"]["tiny"]["corpus"] = [local(p) for p in data["model"]["tiny"]["corpus"]]
     buf = data["buffer"]
-    for ts in [buf["taskset"], *buf["eval_tasksets"], buf["sft_dataset"]]:
+    for ts in [
+        buf["taskset"],
+        *buf["eval_tasksets"],
+        buf["sft_dataset"],
+        buf["preference_dataset"],
+        buf["expert_dataset"],
+    ]:
         if ts is not None:
             ts["path"] = local(ts["path"])
     return TriviumConfig.model_validate(data)
@@ -203,13 +216,42 @@ def _check_data(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
         out.append(
             Problem(at("buffer.taskset"), None, "mode 'both' explores tasks", "set buffer.taskset.path")
         )
-    if cfg.mode == "train" and buf.sft_dataset is None:
+    from trivium.algorithm.presets import PRESETS
+
+    preset = PRESETS.get(cfg.algorithm.algorithm_type)
+    wanted = preset.offline_data if preset is not None else None
+    for kind, field in (("sft", "sft_dataset"), ("preference", "preference_dataset")):
+        if cfg.mode == "train" and wanted == kind and getattr(buf, field) is None:
+            out.append(
+                Problem(
+                    at(f"buffer.{field}"),
+                    None,
+                    f"algorithm '{preset.name}' in mode 'train' reads buffer.{field}",
+                    f"set buffer.{field}.path",
+                )
+            )
+    if preset is not None and preset.needs_teacher:
+        names = [aux.name for aux in cfg.auxiliary_models]
+        if cfg.algorithm.teacher not in names:
+            out.append(
+                Problem(
+                    at("algorithm.teacher"),
+                    cfg.algorithm.teacher,
+                    f"algorithm '{preset.name}' needs a teacher among auxiliary_models {names}",
+                    "add auxiliary_models: [{name: teacher, path: <model folder>}]",
+                )
+            )
+    if (
+        preset is not None
+        and preset.name == "mix_chord"
+        and (buf.expert_dataset is None or not buf.expert_per_step)
+    ):
         out.append(
             Problem(
-                at("buffer.sft_dataset"),
+                at("buffer.expert_dataset"),
                 None,
-                "mode 'train' trains from a dataset",
-                "set buffer.sft_dataset.path",
+                f"algorithm '{preset.name}' mixes expert demonstrations into RL batches",
+                "set buffer.expert_dataset.path and buffer.expert_per_step > 0",
             )
         )
     tasksets: list[tuple[str, TaskSetConfig]] = []
@@ -265,7 +307,7 @@ def _check_data(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
                     (hint + " " if hint else "") + f"valid: {', '.join(sorted(REWARD_FNS))}",
                 )
             )
-    if buf.sft_dataset is not None and cfg.mode == "train":
+    if buf.sft_dataset is not None and cfg.mode == "train" and buf.sft_dataset.format == "prompt_response":
         sd = buf.sft_dataset
         if not sd.path:
             out.append(

@@ -42,6 +42,8 @@ class Explorer:
         queue=None,  # ExperienceQueue or None (eval only)
         batch_size: int = 1,
         max_concurrency: int = 0,
+        dynamic_sampling: bool = False,
+        max_sampling_rounds: int = 10,
     ):
         self.model = model
         self.rollout_params = rollout_params
@@ -51,36 +53,70 @@ class Explorer:
         self.queue = queue
         self.batch_size = batch_size
         self.max_concurrency = max_concurrency
+        self.dynamic_sampling = dynamic_sampling
+        self.max_sampling_rounds = max_sampling_rounds
         self.next_group_id = 0
         self.failed_tasks = 0
 
     def explore_step(self, step: int) -> dict[str, float]:
-        """Run one batch of tasks, write their experiences to the queue, return rollout metrics."""
+        """Run one batch of tasks, write their experiences to the queue, return rollout metrics.
+
+        With dynamic sampling (DAPO), groups whose rewards are all equal carry no learning signal: they
+        are dropped and more tasks are sampled until ``batch_size`` groups are kept, or the step fails
+        after ``max_sampling_rounds`` extra rounds. ``rollout/experiences`` says how many reached the
+        queue (fewer than batch_size x repeat_times when tasks failed).
+        """
         t0 = time.perf_counter()
-        tasks = self.taskset.next_batch(self.batch_size)
         version = self.model.version
-        results = self.run_tasks(tasks, self.rollout_params, use_repeat_times=True)
+        kept: list[list[Experience]] = []
+        tasks_run = failed = dropped = rounds = 0
+        sampled: list[Experience] = []  # everything sampled, for the rollout metrics
+        while True:
+            tasks = self.taskset.next_batch(self.batch_size - len(kept))
+            results = self.run_tasks(tasks, self.rollout_params, use_repeat_times=True)
+            tasks_run += len(tasks)
+            failed += sum(r.error is not None for r in results)
+            for r in results:
+                if not r.experiences:
+                    continue
+                group = [
+                    e.replace(group_id=self.next_group_id, model_version=version, explore_step=step)
+                    for e in r.experiences
+                ]
+                self.next_group_id += 1
+                sampled += group
+                if self.dynamic_sampling and len({e.reward for e in group}) == 1:
+                    dropped += 1
+                else:
+                    kept.append(group)
+            if not self.dynamic_sampling or len(kept) >= self.batch_size:
+                break
+            rounds += 1
+            if self.max_sampling_rounds and rounds > self.max_sampling_rounds:
+                raise RuntimeError(
+                    f"dynamic sampling kept {len(kept)} of {self.batch_size} groups after {rounds} extra rounds "
+                    f"({dropped} groups had all-equal rewards): the tasks are too easy or too hard for the "
+                    "model. Raise algorithm.dynamic_sampling.max_rounds (0 = unlimited) or turn it off."
+                )
+        experiences = [e for group in kept[: self.batch_size] for e in group]
         gen_seconds = time.perf_counter() - t0
-        experiences = []
-        for r in results:
-            group = self.next_group_id
-            self.next_group_id += 1
-            experiences += [
-                e.replace(group_id=group, model_version=version, explore_step=step) for e in r.experiences
-            ]
         t1 = time.perf_counter()
         self.queue.put(experiences)
-        metrics = summarize(experiences, "rollout")
+        metrics = summarize(sampled, "rollout")
         metrics.update(
             {
-                "rollout/tasks": float(len(tasks)),
-                "rollout/failed_tasks": float(sum(r.error is not None for r in results)),
+                "rollout/tasks": float(tasks_run),
+                "rollout/experiences": float(len(experiences)),
+                "rollout/failed_tasks": float(failed),
                 "rollout/seconds": gen_seconds,
                 "rollout/tokens_per_s": metrics.get("rollout/response_tokens", 0.0) / max(gen_seconds, 1e-9),
                 "rollout/queue_wait_seconds": time.perf_counter() - t1,
                 "rollout/model_version": float(version),
             }
         )
+        if self.dynamic_sampling:
+            metrics["rollout/dropped_groups"] = float(dropped)
+            metrics["rollout/sampling_rounds"] = float(rounds + 1)
         skipped = getattr(self.taskset, "skipped_rows", 0)
         if skipped:
             metrics["rollout/skipped_rows"] = float(skipped)

@@ -129,3 +129,49 @@ def total_steps(cfg: TriviumConfig, dataset_len: int) -> int:
     if cfg.buffer.total_steps:
         return cfg.buffer.total_steps
     return cfg.buffer.total_epochs * math.ceil(dataset_len / cfg.buffer.batch_size)
+
+
+def load_auxiliary(cfg: TriviumConfig, name: str) -> torch.nn.Module:
+    """The frozen auxiliary model called ``name`` (e.g. the distillation teacher), on the policy's device."""
+    from trivium.models.loading import load_causal_lm, resolve_device, resolve_dtype
+
+    by_name = {aux.name: aux for aux in cfg.auxiliary_models}
+    if name not in by_name:
+        raise ValueError(
+            f"the algorithm needs auxiliary model '{name}', but auxiliary_models names only "
+            f"{sorted(by_name) or 'none'}: add `auxiliary_models: [{{name: {name}, path: <folder>}}]`"
+        )
+    aux = by_name[name]
+    device = resolve_device(cfg.model.device)
+    model = load_causal_lm(aux.path, dtype=resolve_dtype(aux.dtype), device=device)
+    return model.eval().requires_grad_(False)
+
+
+def make_critic(cfg: TriviumConfig, policy: torch.nn.Module, total_steps: int):
+    from trivium.trainer.critic import Critic, ValueModel
+
+    c = cfg.algorithm.critic
+    base = policy
+    if c.path:
+        from trivium.models.loading import load_causal_lm
+
+        param = next(policy.parameters())
+        base = load_causal_lm(c.path, dtype=param.dtype, device=param.device)
+    updates = total_steps * cfg.trainer.ppo_epochs * max(1, _minibatches(cfg))
+    return Critic(ValueModel.from_causal_lm(base), c, cfg.trainer, updates, cfg.explorer.rollout.max_tokens)
+
+
+def _minibatches(cfg: TriviumConfig) -> int:
+    batch = cfg.buffer.batch_size * (cfg.buffer.taskset.repeat_times if cfg.buffer.taskset else 1)
+    return batch // cfg.trainer.mini_batch_size if cfg.trainer.mini_batch_size else 1
+
+
+def kl_controller(cfg):
+    """The reward KL penalty's β controller, or None when the penalty is off."""
+    from trivium.algorithm.rewards_shaping import AdaptiveKLController, FixedKLController
+
+    if cfg.coef <= 0:
+        return None
+    if cfg.adaptive:
+        return AdaptiveKLController(value=cfg.coef, target=cfg.target_kl, horizon=cfg.horizon)
+    return FixedKLController(value=cfg.coef)

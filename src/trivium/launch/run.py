@@ -66,13 +66,15 @@ def run(run_cfg: RunConfig, overwrite: bool = False) -> Path:
 
 def _check_data(stage: Stage) -> None:
     """Load every task set and dataset of ``stage`` once: a bad row fails now, not after earlier stages."""
-    from trivium.buffer.sft_reader import SftReader
+    from trivium.buffer.offline import PreferenceReader, SftReader
 
     cfg = stage.config
     if cfg.mode == "both":
         build.task_reader(cfg.buffer.taskset, cfg.seed, is_eval=False)
-    if cfg.mode == "train":
+    if cfg.mode == "train" and cfg.buffer.sft_dataset is not None:
         SftReader(cfg.buffer.sft_dataset, tokenizer=None, seed=cfg.seed)
+    if cfg.mode == "train" and cfg.buffer.preference_dataset is not None:
+        PreferenceReader(cfg.buffer.preference_dataset, tokenizer=None, seed=cfg.seed)
     for ts in cfg.buffer.eval_tasksets:
         build.task_reader(ts, cfg.seed, is_eval=True)
 
@@ -96,13 +98,31 @@ def run_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunStat
     loop(stage, run_dir, writer, state)
 
 
-def _make_trainer(cfg, state: RunState, total: int) -> Trainer:
-    algorithm = AlgorithmSpec.from_config(cfg.algorithm)
-    ref = None
-    if algorithm.kl_coef > 0:
-        import copy
+def _make_trainer(cfg, state: RunState, total: int):
+    """The trainer for ``cfg``'s algorithm, with the frozen models and the critic it needs."""
+    import copy
 
-        ref = copy.deepcopy(state.model).eval().requires_grad_(False)
+    from trivium.algorithm.presets import get_preset
+
+    preset = get_preset(cfg.algorithm.algorithm_type)
+
+    def frozen_copy():
+        return copy.deepcopy(state.model).eval().requires_grad_(False)
+
+    if preset.offline_data == "preference":
+        from trivium.trainer.dpo import DpoTrainer
+
+        return DpoTrainer(
+            state.model,
+            frozen_copy(),
+            cfg.trainer,
+            cfg.algorithm.dpo,
+            pad_token_id=state.tokenizer.pad_token_id,
+            total_steps=total,
+        )
+    algorithm = AlgorithmSpec.from_config(cfg.algorithm)
+    a = cfg.algorithm
+    needs_ref = algorithm.kl_coef > 0 or a.kl_penalty.coef > 0 or preset.needs_reference
     return Trainer(
         state.model,
         cfg.trainer,
@@ -111,7 +131,12 @@ def _make_trainer(cfg, state: RunState, total: int) -> Trainer:
         total_steps=total,
         temperature=cfg.explorer.rollout.temperature,
         max_response_length=cfg.explorer.rollout.max_tokens,
-        ref_model=ref,
+        ref_model=frozen_copy() if needs_ref else None,
+        teacher_model=build.load_auxiliary(cfg, a.teacher) if preset.needs_teacher else None,
+        critic=build.make_critic(cfg, state.model, total) if preset.needs_critic else None,
+        kl_penalty=build.kl_controller(a.kl_penalty),
+        kl_penalty_estimator=a.kl_penalty.estimator,
+        overlong=a.overlong_penalty if a.overlong_penalty.enabled else None,
         seed=cfg.seed,
     )
 
@@ -131,6 +156,8 @@ def _make_explorer(cfg, state: RunState, taskset=None, queue=None):
         queue=queue,
         batch_size=cfg.buffer.batch_size,
         max_concurrency=cfg.explorer.max_concurrency,
+        dynamic_sampling=cfg.algorithm.dynamic_sampling.enabled,
+        max_sampling_rounds=cfg.algorithm.dynamic_sampling.max_rounds,
     )
 
 
@@ -144,6 +171,11 @@ def _online_loop(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunS
     queue = ExperienceQueue(cfg.buffer.queue_capacity or 2 * per_step)
     explorer = _make_explorer(cfg, state, taskset, queue)
     trainer = _make_trainer(cfg, state, total)
+    experts = None
+    if cfg.buffer.expert_dataset is not None and cfg.buffer.expert_per_step:
+        from trivium.buffer.offline import SftReader
+
+        experts = SftReader(cfg.buffer.expert_dataset, state.tokenizer, seed=cfg.seed)
     log.info(
         "stage %s: online RL (%s), %d steps of %d tasks x %d samples",
         stage.name,
@@ -156,7 +188,16 @@ def _online_loop(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunS
     _maybe_eval_at_start(cfg, explorer, stage, writer, state, progress)
     for step in range(1, total + 1):
         record = explorer.explore_step(step)
-        record.update(trainer.train_step(queue.get(per_step)))
+        experiences = queue.get(int(record["rollout/experiences"]))
+        if experts is not None:  # CHORD: demonstrations join the batch, each in a group of its own
+            first = explorer.next_group_id
+            demos = experts.next_batch(cfg.buffer.expert_per_step)
+            explorer.next_group_id += len(demos)
+            experiences += [
+                e.replace(is_expert=True, group_id=first + i, model_version=state.version)
+                for i, e in enumerate(demos)
+            ]
+        record.update(trainer.train_step(experiences))
         if step % cfg.synchronizer.sync_interval == 0 or step == total:
             state.version = trainer.step
             explorer.model.update_weights(trainer.model.state_dict(), state.version)
@@ -165,18 +206,21 @@ def _online_loop(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunS
 
 
 def _train_loop(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunState) -> None:
-    from trivium.buffer.sft_reader import SftReader
+    from trivium.buffer.offline import PreferenceReader, SftReader
 
     cfg = stage.config
-    data = SftReader(cfg.buffer.sft_dataset, state.tokenizer, seed=cfg.seed)
+    if cfg.buffer.preference_dataset is not None:
+        data = PreferenceReader(cfg.buffer.preference_dataset, state.tokenizer, seed=cfg.seed)
+    else:
+        data = SftReader(cfg.buffer.sft_dataset, state.tokenizer, seed=cfg.seed)
     total = build.total_steps(cfg, len(data))
     trainer = _make_trainer(cfg, state, total)
     explorer = _make_explorer(cfg, state) if cfg.buffer.eval_tasksets else None
     log.info(
         "stage %s: %s from %s, %d steps of %d examples",
         stage.name,
-        trainer.algorithm.name,
-        cfg.buffer.sft_dataset.path,
+        cfg.algorithm.algorithm_type,
+        data.cfg.path,
         total,
         cfg.buffer.batch_size,
     )
@@ -184,8 +228,8 @@ def _train_loop(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunSt
     _maybe_eval_at_start(cfg, explorer, stage, writer, state, progress)
     for step in range(1, total + 1):
         record = trainer.train_step(data.next_batch(cfg.buffer.batch_size))
-        if data.reader.skipped_rows:
-            record["train/skipped_rows"] = float(data.reader.skipped_rows)
+        if data.skipped_rows:
+            record["train/skipped_rows"] = float(data.skipped_rows)
         state.version = trainer.step
         _finish_step(cfg, stage, step, total, record, explorer, trainer, run_dir, writer, state, progress)
     progress.close()

@@ -14,6 +14,13 @@ def token_logprobs(model: torch.nn.Module, batch: TrainBatch, temperature: float
     ``batch.loss_mask``. Log-probs are taken in float32 whatever the model dtype, as
     ``logit[token] - logsumexp(logits)``, which avoids materialising a second [R, L, V] tensor.
     """
+    return forward_logprobs(model, batch, temperature)[0]
+
+
+def forward_logprobs(
+    model: torch.nn.Module, batch: TrainBatch, temperature: float = 1.0, entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``token_logprobs`` and, when asked, the full-vocabulary entropy ``[R, L]`` at the same positions."""
     out = model(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
@@ -25,8 +32,12 @@ def token_logprobs(model: torch.nn.Module, batch: TrainBatch, temperature: float
         logits = logits / temperature
     targets = batch.input_ids[:, 1:]
     picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    lp = picked - torch.logsumexp(logits, dim=-1)
-    return torch.nn.functional.pad(lp, (1, 0), value=0.0)
+    lp = torch.nn.functional.pad(picked - torch.logsumexp(logits, dim=-1), (1, 0), value=0.0)
+    if not entropy:
+        return lp, None
+    from trivium.algorithm.losses_entropy import entropy_from_logits
+
+    return lp, torch.nn.functional.pad(entropy_from_logits(logits, 1.0), (1, 0), value=0.0)
 
 
 @torch.no_grad()

@@ -35,3 +35,41 @@ def lr_factor(step: int, total: int, cfg: TrainerConfig) -> float:
 
 def build_scheduler(optimizer: torch.optim.Optimizer, total: int, cfg: TrainerConfig):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total, cfg))
+
+
+class Optimization:
+    """One model's optimizer side: AdamW, the schedule (built once the number of updates is known), clipping."""
+
+    def __init__(self, model: torch.nn.Module, cfg: TrainerConfig, lr: float | None = None):
+        self.model = model
+        self.cfg = cfg if lr is None else cfg.model_copy(update={"lr": lr})
+        self.optimizer = build_optimizer(model.parameters(), self.cfg)
+        self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
+
+    def plan(self, total_updates: int) -> None:
+        if self.scheduler is None:
+            self.scheduler = build_scheduler(self.optimizer, max(1, total_updates), self.cfg)
+
+    @property
+    def lr(self) -> float:
+        return self.scheduler.get_last_lr()[0] if self.scheduler is not None else self.cfg.lr
+
+    def step(self) -> float:
+        """Clip, step, advance the schedule, zero the gradients; returns the gradient norm before clipping."""
+        if self.scheduler is None:
+            raise RuntimeError("Optimization.plan(total_updates) must be called before the first step")
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = 0.0
+        if params:
+            max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
+            norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def state_dict(self) -> dict:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+        }

@@ -26,9 +26,19 @@ from trivium.algorithm import (
     get_preset,
     loss_scale,
 )
-from trivium.config.schema import AlgorithmConfig, TrainerConfig
-from trivium.trainer.logprobs import batched_logprobs, token_logprobs
-from trivium.trainer.optim import build_optimizer, build_scheduler
+from trivium.algorithm.advantages_critic import gae_with_returns
+from trivium.algorithm.aggregation import sequence_sums
+from trivium.algorithm.rewards_shaping import (
+    AdaptiveKLController,
+    FixedKLController,
+    kl_penalty_token_rewards,
+    outcome_token_rewards,
+    overlong_penalty,
+)
+from trivium.config.schema import AlgorithmConfig, OverlongPenaltyConfig, TrainerConfig
+from trivium.trainer.critic import Critic
+from trivium.trainer.logprobs import batched_logprobs, forward_logprobs
+from trivium.trainer.optim import Optimization
 from trivium.types import Experience, TrainBatch, collate
 
 
@@ -45,20 +55,28 @@ class AlgorithmSpec:
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
     needs_old_logprobs: bool = True  # False for offline losses (SFT): skips a forward pass per step
+    advantage_requires: frozenset[str] = frozenset()  # optional AdvantageInputs the advantage reads
+    entropy_coef: float = 0.0
 
     @classmethod
     def from_config(cls, cfg: AlgorithmConfig) -> AlgorithmSpec:
         preset = get_preset(cfg.algorithm_type)
+        adv = cfg.advantage_fn or preset.advantage_fn
+        critic_args = {"gamma": cfg.critic.gamma, "lam": cfg.critic.lam} if preset.needs_critic else {}
         return cls(
             name=preset.name,
-            advantage_fn=cfg.advantage_fn or preset.advantage_fn,
-            advantage_args={**preset.advantage_args, **cfg.advantage_args},
+            advantage_fn=adv,
+            advantage_args={**preset.advantage_args, **critic_args, **cfg.advantage_args},
             policy_loss_fn=cfg.policy_loss_fn or preset.policy_loss_fn,
             policy_loss_args={**preset.policy_loss_args, **cfg.policy_loss_args},
             aggregation=cfg.loss_agg_mode or preset.aggregation,
             kl_coef=cfg.kl_loss.coef,
             kl_estimator=cfg.kl_loss.estimator,
             needs_old_logprobs=preset.needs_rollouts,
+            advantage_requires=frozenset(getattr(ADVANTAGE_FNS.get(adv), "requires", ()))
+            if adv
+            else frozenset(),
+            entropy_coef=cfg.entropy_coef,
         )
 
 
@@ -74,10 +92,23 @@ class Trainer:
         temperature: float = 1.0,
         max_response_length: int = 1,
         ref_model: torch.nn.Module | None = None,
+        teacher_model: torch.nn.Module | None = None,
+        critic: Critic | None = None,
+        kl_penalty: AdaptiveKLController | FixedKLController | None = None,
+        kl_penalty_estimator: str = "k1",
+        overlong: OverlongPenaltyConfig | None = None,
         seed: int = 0,
     ):
-        if algorithm.kl_coef > 0 and ref_model is None:
-            raise ValueError("algorithm.kl_loss.coef > 0 needs a reference model; pass ref_model")
+        if (algorithm.kl_coef > 0 or kl_penalty is not None) and ref_model is None:
+            raise ValueError(
+                "a KL term (kl_loss.coef or kl_penalty.coef > 0) needs a reference model; pass ref_model"
+            )
+        for name, model_needed, given in (
+            ("teacher_logprobs", "teacher_model", teacher_model),
+            ("values", "critic", critic),
+        ):
+            if name in algorithm.advantage_requires and given is None:
+                raise ValueError(f"advantage '{algorithm.advantage_fn}' needs {name}: pass {model_needed}")
         self.model = model
         self.cfg = cfg
         self.algorithm = algorithm
@@ -85,10 +116,14 @@ class Trainer:
         self.temperature = temperature if temperature > 0 else 1.0  # greedy rollouts report T=1 log-probs
         self.max_response_length = max_response_length
         self.ref_model = ref_model
+        self.teacher_model = teacher_model
+        self.critic = critic
+        self.kl_penalty = kl_penalty
+        self.kl_penalty_estimator = kl_penalty_estimator
+        self.overlong = overlong
         self.device = next(model.parameters()).device
-        self.optimizer = build_optimizer(model.parameters(), cfg)
+        self.optim = Optimization(model, cfg)  # its schedule is planned on the first step
         self.total_steps = total_steps
-        self.scheduler = None  # built on the first step, when the number of updates per step is known
         self.step = 0
         self.generator = torch.Generator().manual_seed(seed)
 
@@ -96,37 +131,42 @@ class Trainer:
         t0 = time.perf_counter()
         self.model.eval()
         batch = collate(experiences, self.pad_token_id, self.cfg.pack_length).to(self.device)
-        advantages, metrics = self._advantages(batch)
         minis = self._mini_batches(batch)
-        if self.scheduler is None:
-            updates = self.total_steps * self.cfg.ppo_epochs * len(minis)
-            self.scheduler = build_scheduler(self.optimizer, updates, self.cfg)
+        self.optim.plan(self.total_steps * self.cfg.ppo_epochs * len(minis))
         # With one update per batch the policy is unchanged until that update, so the old log-probs are
-        # the training forward's own (detached): one forward pass fewer, the same numbers.
+        # the training forward's own (detached): one forward pass fewer, the same numbers. Advantages that
+        # read old log-probs (KL penalty, distillation) need them first, so they get the extra pass.
         single_update = self.cfg.ppo_epochs == 1 and len(minis) == 1
+        needs = self.algorithm.advantage_requires
+        early_old = "old_logprobs" in needs or self.kl_penalty is not None
         old_lp = None
-        if self.algorithm.needs_old_logprobs and not single_update:
-            old_lp = batched_logprobs(self.model, batch, self.cfg.micro_batch_size, self.temperature)
+        if self.algorithm.needs_old_logprobs and (early_old or not single_update):
+            old_lp = self._logprobs(self.model, batch)
         elif not self.algorithm.needs_old_logprobs:
             old_lp = torch.zeros_like(batch.rollout_logprobs)
-        ref_lp = None
-        if self.algorithm.kl_coef > 0:
-            ref_lp = batched_logprobs(self.ref_model, batch, self.cfg.micro_batch_size, self.temperature)
+        ref_lp = self._logprobs(self.ref_model, batch) if self.ref_model is not None else None
+        teacher_lp = self._logprobs(self.teacher_model, batch) if self.teacher_model is not None else None
+        values = self.critic.values(batch, self.cfg.micro_batch_size) if self.critic is not None else None
+        advantages, returns, metrics = self._advantages(batch, old_lp, ref_lp, teacher_lp, values)
         seen_lp = torch.zeros_like(batch.rollout_logprobs)  # log-probs of the first pass, for the mismatch
         sums: dict[str, float] = {}
         updates = 0
+        train_policy = self.critic is None or self.step >= self.critic.warmup_steps
         for epoch in range(self.cfg.ppo_epochs):
             for rows in minis if epoch == 0 else self._mini_batches(batch):
-                for k, v in self._update(batch, rows, old_lp, ref_lp, advantages, seen_lp).items():
+                part = self._update(batch, rows, old_lp, ref_lp, advantages, seen_lp) if train_policy else {}
+                if self.critic is not None:
+                    part.update(self.critic.update(batch, rows, values, returns, self.cfg.micro_batch_size))
+                for k, v in part.items():
                     sums[k] = sums.get(k, 0.0) + v
                 updates += 1
         metrics.update({k: v / updates for k, v in sums.items()})
-        if self.algorithm.needs_old_logprobs:
+        if self.algorithm.needs_old_logprobs and train_policy:
             metrics.update(self._mismatch_metrics(batch, seen_lp if old_lp is None else old_lp))
         self.step += 1
         metrics.update(
             {
-                "train/lr": self.scheduler.get_last_lr()[0],
+                "train/lr": self.optim.lr,
                 "train/step_seconds": time.perf_counter() - t0,
                 "train/sequences": float(batch.num_seqs),
                 "train/action_tokens": float(batch.loss_mask.sum()),
@@ -135,15 +175,60 @@ class Trainer:
         )
         return metrics
 
-    def _advantages(self, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
+    def _logprobs(self, model: torch.nn.Module, batch: TrainBatch) -> torch.Tensor:
+        return batched_logprobs(model, batch, self.cfg.micro_batch_size, self.temperature)
+
+    def _advantages(self, batch, old_lp, ref_lp, teacher_lp, values):
+        """Advantages ``[R, L]`` (and value targets when a critic is trained), computed once per batch."""
+        metrics: dict[str, float] = {}
+        rewards = batch.rewards
+        if self.overlong is not None:
+            penalty = overlong_penalty(
+                batch.response_lengths,
+                max_length=self.max_response_length,
+                cache_length=self.overlong.cache_length,
+                factor=self.overlong.factor,
+            )
+            rewards = rewards + penalty
+            metrics["reward/overlong_penalty_mean"] = float(penalty.mean())
+        if self.kl_penalty is not None:
+            token_rewards, m = kl_penalty_token_rewards(
+                rewards,
+                batch.loss_mask,
+                batch.seq_index,
+                old_lp,
+                ref_lp,
+                kl_coef=self.kl_penalty.value,
+                estimator=self.kl_penalty_estimator,
+            )
+            metrics.update(m)
+            observed = metrics.get("kl_penalty/kl_mean")
+            if observed is not None:
+                self.kl_penalty.update(observed, batch.num_seqs)
+            metrics["kl_penalty/coef"] = float(self.kl_penalty.value)
+        else:
+            token_rewards = outcome_token_rewards(rewards, batch.loss_mask, batch.seq_index)
+        seq_rewards = sequence_sums(token_rewards, batch.loss_mask, batch.seq_index, batch.num_seqs)
         if self.algorithm.advantage_fn is None:
-            return torch.zeros_like(batch.rollout_logprobs), {}
-        fn = ADVANTAGE_FNS.get(self.algorithm.advantage_fn)
+            return torch.zeros_like(batch.rollout_logprobs), None, metrics
         inputs = AdvantageInputs(
-            rewards=batch.rewards, group_ids=batch.group_ids, mask=batch.loss_mask, seq_index=batch.seq_index
+            rewards=seq_rewards,
+            group_ids=batch.group_ids,
+            mask=batch.loss_mask,
+            seq_index=batch.seq_index,
+            token_rewards=token_rewards,
+            values=values,
+            old_logprobs=old_lp,
+            ref_logprobs=ref_lp,
+            teacher_logprobs=teacher_lp,
         )
-        adv, metrics = fn(inputs, **self.algorithm.advantage_args)
-        return adv.detach(), dict(metrics)
+        if self.critic is not None:
+            adv, returns, m = gae_with_returns(inputs, **self.algorithm.advantage_args)
+            metrics.update(m)
+            return adv.detach(), returns.detach(), metrics
+        adv, m = ADVANTAGE_FNS.get(self.algorithm.advantage_fn)(inputs, **self.algorithm.advantage_args)
+        metrics.update(m)
+        return adv.detach(), None, metrics
 
     def _mini_batches(self, batch: TrainBatch) -> list[torch.Tensor]:
         """Row index sets, one per optimizer step; shuffled when there is more than one."""
@@ -162,7 +247,13 @@ class Trainer:
         ``old_lp`` None means: use this pass's own detached log-probs (single update per batch).
         """
         mask = batch.loss_mask[rows]
-        scale = loss_scale(mask, batch.seq_index[rows], float(self.max_response_length))
+        expert = None if batch.is_expert is None else batch.seq_to_tokens(batch.is_expert).bool()
+        scale = loss_scale(
+            mask,
+            batch.seq_index[rows],
+            float(self.max_response_length),
+            None if expert is None else expert[rows],
+        )
         # Dropout stays off for RL (old and new log-probs must come from the same function); SFT trains
         # in train mode.
         self.model.train(not self.algorithm.needs_old_logprobs)
@@ -172,7 +263,9 @@ class Trainer:
         for start in range(0, rows.numel(), mb):
             idx = rows[start : start + mb]
             sub = batch.select_rows(idx)
-            lp = token_logprobs(self.model, sub, self.temperature)
+            lp, entropy = forward_logprobs(
+                self.model, sub, self.temperature, entropy=self.algorithm.entropy_coef > 0
+            )
             seen_lp[idx] = lp.detach()
             inputs = PolicyLossInputs(
                 logprobs=lp,
@@ -180,6 +273,10 @@ class Trainer:
                 advantages=advantages[idx],
                 mask=sub.loss_mask,
                 seq_index=sub.seq_index,
+                rollout_logprobs=sub.rollout_logprobs,
+                ref_logprobs=None if ref_lp is None else ref_lp[idx],
+                is_expert=None if expert is None else expert[idx],
+                step=self.step,
             )
             loss, m = actor_loss(
                 inputs,
@@ -190,6 +287,8 @@ class Trainer:
                 kl_estimator=self.algorithm.kl_estimator if self.algorithm.kl_coef > 0 else None,
                 kl_coef=self.algorithm.kl_coef,
                 ref_logprobs=None if ref_lp is None else ref_lp[idx],
+                entropy=entropy,
+                entropy_coef=self.algorithm.entropy_coef,
             )
             loss.backward()
             total_loss += float(loss.detach())
@@ -198,24 +297,19 @@ class Trainer:
             weight = float(sub.loss_mask.sum()) / max(1.0, scale.num_tokens)
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + float(v) * (1.0 if k.startswith("loss/") else weight)
-        grad_norm = self._clip()
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        grad_norm = self.optim.step()
         self.model.eval()
         return {**sums, "train/loss": total_loss, "train/grad_norm": grad_norm}
 
-    def _clip(self) -> float:
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        if not params:
-            return 0.0
-        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
-        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-
     @staticmethod
     def _mismatch_metrics(batch: TrainBatch, old_lp: torch.Tensor) -> dict[str, float]:
-        """Rollout-engine vs trainer log-probs on the same tokens (training-inference mismatch)."""
+        """Rollout-engine vs trainer log-probs on the same tokens (training-inference mismatch).
+
+        Expert demonstrations have no rollout log-probs and are left out.
+        """
         mask = batch.loss_mask
+        if batch.is_expert is not None:
+            mask = mask & ~batch.seq_to_tokens(batch.is_expert).bool()
         if not bool(mask.any()):
             return {}
         diff = (batch.rollout_logprobs - old_lp)[mask]
@@ -229,9 +323,4 @@ class Trainer:
 
     # --- state for checkpoints ------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
-            "generator": self.generator.get_state(),
-        }
+        return {"step": self.step, **self.optim.state_dict(), "generator": self.generator.get_state()}

@@ -1,0 +1,125 @@
+"""Offline training data: SFT demonstrations and preference pairs, read and checked like task sets.
+
+Rows go through the same ``TaskSetReader`` as task sets, so a bad row gets the same error naming its
+file, row and field. Text is tokenised with the model's chat template; only assistant tokens (and the EOS
+that ends them) are trained on.
+
+Formats:
+- SFT ``prompt_response``: ``prompt`` (user message) and ``response`` (assistant message) strings.
+- SFT ``messages``: a chat ``messages`` list (system/user/assistant/tool turns, several assistant turns
+  allowed); every assistant turn is trained on.
+- preference: ``prompt``, ``chosen`` and ``rejected`` strings.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trivium.buffer.task_reader import TaskSetReader
+from trivium.config.schema import PreferenceDatasetConfig, SftDatasetConfig
+from trivium.models.chat import encode_conversation, render_ids
+from trivium.types import Experience, PreferencePair, Task
+
+SFT_FORMATS = {
+    "prompt_response": {"prompt": (str,), "response": (str,)},
+    "messages": {"messages": (list,)},
+}
+PREFERENCE_FIELDS = {"prompt": (str,), "chosen": (str,), "rejected": (str,)}
+
+
+def _reader(cfg, required, name: str, seed: int) -> TaskSetReader:
+    return TaskSetReader(
+        cfg.path,
+        name=name,
+        fields={**{k: k for k in required}, **cfg.fields},
+        required=required,
+        workflow="offline",
+        reward_fn="none",
+        repeat_times=1,
+        on_bad_row=cfg.on_bad_row,
+        shuffle=cfg.shuffle,
+        seed=seed,
+        max_rows=cfg.max_rows,
+    )
+
+
+class _OfflineReader:
+    reader: TaskSetReader
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    @property
+    def skipped_rows(self) -> int:
+        return self.reader.skipped_rows
+
+    def state_dict(self) -> dict:
+        return self.reader.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.reader.load_state_dict(state)
+
+
+class SftReader(_OfflineReader):
+    """Demonstrations as experiences: the prompt, then the response; loss on the response only."""
+
+    def __init__(self, cfg: SftDatasetConfig, tokenizer, seed: int = 0):
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.reader = _reader(cfg, SFT_FORMATS[cfg.format], "sft", seed)
+
+    def next_batch(self, batch_size: int) -> list[Experience]:
+        return [self.to_experience(t) for t in self.reader.next_batch(batch_size)]
+
+    def to_experience(self, task: Task) -> Experience:
+        if self.cfg.format == "messages":
+            messages = list(task.data["messages"])
+            if self.cfg.system_prompt and messages[0].get("role") != "system":
+                messages.insert(0, {"role": "system", "content": self.cfg.system_prompt})
+            tokens, mask, p = encode_conversation(self.tokenizer, messages)
+            return _experience(tokens, p, mask[p:], task.task_id)
+        prompt = _prompt_ids(self.tokenizer, task.data["prompt"], self.cfg.system_prompt)
+        response = _response_ids(self.tokenizer, task.data["response"])
+        return _experience(prompt + response, len(prompt), [True] * len(response), task.task_id)
+
+
+class PreferenceReader(_OfflineReader):
+    """Preference rows as ``PreferencePair``s of token ids."""
+
+    def __init__(self, cfg: PreferenceDatasetConfig, tokenizer, seed: int = 0):
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.reader = _reader(cfg, PREFERENCE_FIELDS, "preference", seed)
+
+    def next_batch(self, batch_size: int) -> list[PreferencePair]:
+        return [self.to_pair(t) for t in self.reader.next_batch(batch_size)]
+
+    def to_pair(self, task: Task) -> PreferencePair:
+        prompt = _prompt_ids(self.tokenizer, task.data["prompt"], self.cfg.system_prompt)
+        return PreferencePair(
+            prompt=torch.tensor(prompt),
+            chosen=torch.tensor(_response_ids(self.tokenizer, task.data["chosen"])),
+            rejected=torch.tensor(_response_ids(self.tokenizer, task.data["rejected"])),
+            pair_id=task.task_id,
+        )
+
+
+def _prompt_ids(tokenizer, prompt: str, system_prompt: str | None) -> list[int]:
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    messages.append({"role": "user", "content": prompt})
+    return render_ids(tokenizer, messages, add_generation_prompt=True)
+
+
+def _response_ids(tokenizer, response: str) -> list[int]:
+    return [*tokenizer(response, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
+
+
+def _experience(tokens: list[int], prompt_length: int, action_mask: list[bool], task_id: str) -> Experience:
+    n = len(tokens) - prompt_length
+    return Experience(
+        tokens=torch.tensor(tokens, dtype=torch.long),
+        prompt_length=prompt_length,
+        action_mask=torch.tensor(action_mask, dtype=torch.bool),
+        logprobs=torch.zeros(n, dtype=torch.float32),
+        task_id=task_id,
+    )

@@ -1,0 +1,111 @@
+"""The PPO critic: a value head on a causal LM's backbone, trained with the clipped value loss.
+
+``values[r, t]`` estimates the return from action token t on, from the hidden state that predicts token t
+(position t − 1), so values are target-aligned like log-probs. The critic has its own AdamW; during the
+first ``warmup_steps`` only the critic trains (the trainer skips policy updates), so that the first policy
+updates see useful advantages.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from trivium.algorithm.aggregation import loss_scale
+from trivium.algorithm.losses_value import value_loss
+from trivium.config.schema import CriticConfig, TrainerConfig
+from trivium.trainer.optim import Optimization
+from trivium.types import TrainBatch
+
+
+class ValueModel(nn.Module):
+    def __init__(self, backbone: nn.Module, hidden_size: int):
+        super().__init__()
+        self.backbone = backbone
+        self.head = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    @classmethod
+    def from_causal_lm(cls, lm: nn.Module) -> ValueModel:
+        """A value model whose backbone is a copy of ``lm``'s (the LM head is dropped)."""
+        import copy
+
+        backbone = copy.deepcopy(lm.get_decoder() if hasattr(lm, "get_decoder") else lm.model)
+        param = next(backbone.parameters())
+        model = cls(backbone, lm.config.hidden_size)
+        return model.to(device=param.device, dtype=param.dtype)
+
+    def forward(self, batch: TrainBatch) -> torch.Tensor:
+        hidden = self.backbone(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            use_cache=False,
+        ).last_hidden_state
+        values = self.head(hidden[:, :-1]).squeeze(-1).float()
+        return nn.functional.pad(values, (1, 0), value=0.0)
+
+
+class Critic:
+    def __init__(
+        self,
+        model: ValueModel,
+        cfg: CriticConfig,
+        trainer_cfg: TrainerConfig,
+        total_updates: int,
+        max_response_length: int,
+        aggregation: str = "token-mean",
+    ):
+        self.model = model
+        self.cfg = cfg
+        self.warmup_steps = cfg.warmup_steps
+        self.optim = Optimization(model, trainer_cfg, lr=cfg.lr)
+        self.optim.plan(total_updates)
+        self.max_response_length = max_response_length
+        self.aggregation = aggregation
+
+    @torch.no_grad()
+    def values(self, batch: TrainBatch, micro_batch_size: int) -> torch.Tensor:
+        self.model.eval()
+        parts = [
+            self.model(batch.select_rows(torch.arange(i, min(i + micro_batch_size, batch.num_rows))))
+            for i in range(0, batch.num_rows, micro_batch_size)
+        ]
+        return torch.cat(parts) * batch.loss_mask
+
+    def update(
+        self,
+        batch: TrainBatch,
+        rows: torch.Tensor,
+        old_values: torch.Tensor,
+        returns: torch.Tensor,
+        micro_batch_size: int,
+    ) -> dict[str, float]:
+        mask = batch.loss_mask[rows]
+        scale = loss_scale(mask, batch.seq_index[rows], float(self.max_response_length))
+        self.model.train()
+        sums: dict[str, float] = {}
+        for start in range(0, rows.numel(), micro_batch_size):
+            idx = rows[start : start + micro_batch_size]
+            sub = batch.select_rows(idx)
+            loss, metrics = value_loss(
+                self.model(sub),
+                old_values[idx],
+                returns[idx],
+                sub.loss_mask,
+                sub.seq_index,
+                clip=self.cfg.value_clip,
+                aggregation=self.aggregation,
+                scale=scale,
+            )
+            loss.backward()
+            weight = float(sub.loss_mask.sum()) / max(1.0, scale.num_tokens)
+            for k, v in {"value/loss": float(loss.detach()), **metrics}.items():
+                sums[k] = sums.get(k, 0.0) + float(v) * (1.0 if k == "value/loss" else weight)
+        sums["value/grad_norm"] = self.optim.step()
+        self.model.eval()
+        return sums
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), **self.optim.state_dict()}

@@ -1,0 +1,83 @@
+"""DPO: preference pairs in, one optimizer step out (ALGORITHMS.md §18).
+
+The reference model's summed log-probs are computed once per batch (no gradient), then the policy is
+trained over micro-batches of whole pairs; each micro-batch adds its pairs' share of the batch mean, so
+the loss does not depend on the micro-batch size. Chosen and rejected are paired by explicit indices.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from trivium.algorithm.aggregation import sequence_sums
+from trivium.algorithm.losses_preference import dpo_loss
+from trivium.config.schema import DpoConfig, TrainerConfig
+from trivium.trainer.logprobs import batched_logprobs, token_logprobs
+from trivium.trainer.optim import Optimization
+from trivium.types import PreferencePair, collate_pairs
+
+
+class DpoTrainer:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        ref_model: torch.nn.Module,
+        cfg: TrainerConfig,
+        dpo: DpoConfig,
+        *,
+        pad_token_id: int,
+        total_steps: int,
+    ):
+        self.model, self.ref_model, self.cfg, self.dpo = model, ref_model, cfg, dpo
+        self.pad_token_id = pad_token_id
+        self.device = next(model.parameters()).device
+        self.optim = Optimization(model, cfg)
+        self.optim.plan(total_steps)
+        self.step = 0
+
+    def train_step(self, pairs: Sequence[PreferencePair]) -> dict[str, float]:
+        t0 = time.perf_counter()
+        batch, chosen, rejected = collate_pairs(pairs, self.pad_token_id)
+        batch = batch.to(self.device)
+        ref_lp = batched_logprobs(self.ref_model, batch, self.cfg.micro_batch_size)
+        ref_sums = sequence_sums(ref_lp, batch.loss_mask, batch.seq_index, batch.num_seqs)
+        self.model.train()
+        n_pairs = len(pairs)
+        per_micro = max(1, self.cfg.micro_batch_size // 2)  # rows per micro-batch, two per pair
+        sums: dict[str, float] = {}
+        for start in range(0, n_pairs, per_micro):
+            k = torch.arange(start, min(start + per_micro, n_pairs))
+            rows = torch.stack([chosen[k], rejected[k]], dim=1).flatten()  # pair order kept: c0 r0 c1 r1 ...
+            sub = batch.select_rows(rows)
+            lp = token_logprobs(self.model, sub)
+            seq = sequence_sums(lp, sub.loss_mask, sub.seq_index, sub.num_seqs)
+            # select_rows renumbers sequences in ascending original order, which is c0 r0 c1 r1 ... here
+            loss, metrics = dpo_loss(
+                seq[0::2],
+                seq[1::2],
+                ref_sums[chosen[k]],
+                ref_sums[rejected[k]],
+                beta=self.dpo.beta,
+                label_smoothing=self.dpo.label_smoothing,
+            )
+            share = k.numel() / n_pairs
+            (loss * share).backward()
+            for key, v in {"dpo/loss": float(loss.detach()), **metrics}.items():
+                sums[key] = sums.get(key, 0.0) + float(v) * share
+        grad_norm = self.optim.step()
+        self.model.eval()
+        self.step += 1
+        return {
+            **sums,
+            "train/loss": sums["dpo/loss"],
+            "train/grad_norm": grad_norm,
+            "train/lr": self.optim.lr,
+            "train/pairs": float(n_pairs),
+            "train/step_seconds": time.perf_counter() - t0,
+        }
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, **self.optim.state_dict()}
