@@ -51,7 +51,7 @@ def run(folder, cfg):
 def test_online_preset_runs(setup, tiny_model_dir, word_problem_dir, algorithm):
     cfg = base_config(setup, tiny_model_dir, word_problem_dir, algorithm)
     cfg["algorithm"] = {"algorithm_type": algorithm}
-    if PRESETS[algorithm].needs_expert_data:
+    if PRESETS[algorithm].sample_strategy == "mix":
         cfg["buffer"]["expert_dataset"] = {
             "path": str(word_problem_dir / "sft.jsonl"),
             "fields": {"prompt": "question", "response": "answer"},

@@ -161,3 +161,44 @@ def test_make_tiny_cli(tmp_path):
     )
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.config.hidden_size == 32 and model.config.num_hidden_layers == 1
+
+
+def test_ppo_critic_learns_values_and_is_checkpointed(policy, tokenizer, tmp_path):
+    from trivium.config.schema import CriticConfig
+    from trivium.trainer.critic import Critic, ValueModel
+
+    exps = sampled_experiences(policy, tokenizer)
+    tcfg = TrainerConfig(lr=1e-3, micro_batch_size=4)
+    critic = Critic(
+        ValueModel.from_causal_lm(policy),
+        CriticConfig(lr=1e-2, warmup_steps=2),
+        tcfg,
+        total_updates=10,
+        max_response_length=12,
+    )
+    spec = AlgorithmSpec.from_config(AlgorithmConfig(algorithm_type="ppo"))
+    before = copy.deepcopy(policy.state_dict())
+    trainer = Trainer(
+        policy, tcfg, spec, pad_token_id=0, total_steps=10, max_response_length=12, critic=critic
+    )
+    losses = [trainer.train_step(exps)["loss/value"] for _ in range(4)]
+    assert losses[-1] < losses[0]  # the value head fits the returns
+    assert "value/explained_variance" in trainer.train_step(exps)
+    # warm-up: the first two steps trained only the critic
+    assert trainer.step == 5
+    state = trainer.state_dict()
+    assert "critic" in state and state["critic"]["model"]
+    trainer2 = Trainer(
+        copy.deepcopy(policy),
+        tcfg,
+        spec,
+        pad_token_id=0,
+        total_steps=10,
+        max_response_length=12,
+        critic=Critic(ValueModel.from_causal_lm(policy), CriticConfig(warmup_steps=2), tcfg, 10, 12),
+    )
+    policy.load_state_dict(before)
+    trainer2.model.load_state_dict(before)
+    m = trainer2.train_step(exps)
+    assert "train/grad_norm" not in m  # still warming up: no policy update
+    assert all(torch.equal(a, b) for a, b in zip(trainer2.model.state_dict().values(), before.values()))

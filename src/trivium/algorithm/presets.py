@@ -35,7 +35,16 @@ class AlgorithmPreset:
     offline_data: str | None = None  # "sft" or "preference": what a train-mode stage reads
     needs_teacher: bool = False  # teacher log-probs of the sampled tokens (distillation)
     needs_critic: bool = False  # a value model trained alongside (PPO)
-    needs_expert_data: bool = False  # expert demonstrations mixed into RL batches (CHORD)
+    sample_strategy: str = "default"  # what a train batch is made of (trivium.buffer.sampling)
+
+    def args_for(self, part: str, name: str | None) -> dict[str, Any]:
+        """The preset's arguments for ``part`` ("advantage" or "policy_loss") when ``name`` is the preset's
+        own function; none when the user swapped in another function (its defaults apply instead)."""
+        own, args = {
+            "advantage": (self.advantage_fn, self.advantage_args),
+            "policy_loss": (self.policy_loss_fn, self.policy_loss_args),
+        }[part]
+        return dict(args) if name == own else {}
 
     def __post_init__(self) -> None:  # presets are shared constants: make their args read-only too
         object.__setattr__(self, "policy_loss_args", MappingProxyType(dict(self.policy_loss_args)))
@@ -201,7 +210,7 @@ PRESETS: dict[str, AlgorithmPreset] = {
             "demonstrations (buffer.expert_dataset), weighted by a scheduled μ.",
             advantage_args={"std_normalize": True},
             aggregation="chord",
-            needs_expert_data=True,
+            sample_strategy="mix",
         ),
         AlgorithmPreset(
             name="sft",

@@ -253,6 +253,10 @@ class AlgorithmConfig(StrictModel):
     """DAPO overlong reward shaping."""
     dpo: DpoConfig = Field(default_factory=DpoConfig)
     """DPO loss settings."""
+    sample_strategy: str | None = None
+    """Override the preset's sample strategy: default (rollouts only) or mix (rollouts + expert data)."""
+    sample_strategy_args: dict[str, Any] = Field(default_factory=dict)
+    """Arguments of the sample strategy (e.g. expert_per_step for mix)."""
 
 
 class TrainerConfig(StrictModel):

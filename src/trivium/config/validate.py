@@ -174,7 +174,8 @@ def _check_algorithm(cfg: TriviumConfig, at) -> list[Problem]:
         if name is None or not args:
             continue
         try:
-            registry.check_args(name, {**_preset_args(preset, args_field), **args})
+            part = "advantage" if fn_field == "advantage_fn" else "policy_loss"
+            registry.check_args(name, {**preset.args_for(part, name), **args})
         except (TypeError, KeyError, ImportError, AttributeError) as exc:
             out.append(
                 Problem(
@@ -200,10 +201,6 @@ def _check_algorithm(cfg: TriviumConfig, at) -> list[Problem]:
             )
         )
     return out
-
-
-def _preset_args(preset, args_field: str) -> dict:
-    return dict(getattr(preset, args_field))
 
 
 def _check_data(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
@@ -241,19 +238,17 @@ def _check_data(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
                     "add auxiliary_models: [{name: teacher, path: <model folder>}]",
                 )
             )
-    if (
-        preset is not None
-        and preset.name == "mix_chord"
-        and (buf.expert_dataset is None or not buf.expert_per_step)
-    ):
-        out.append(
-            Problem(
-                at("buffer.expert_dataset"),
-                None,
-                f"algorithm '{preset.name}' mixes expert demonstrations into RL batches",
-                "set buffer.expert_dataset.path and buffer.expert_per_step > 0",
-            )
-        )
+    if preset is not None:
+        from trivium.buffer.sampling import SAMPLE_STRATEGIES
+
+        name = cfg.algorithm.sample_strategy or preset.sample_strategy
+        try:
+            strategy = SAMPLE_STRATEGIES.get(name)
+        except (KeyError, ImportError, AttributeError) as exc:
+            out.append(Problem(at("algorithm.sample_strategy"), name, str(exc), "use a registered name"))
+        else:
+            for path, rule, fix in strategy.problems(cfg, cfg.algorithm.sample_strategy_args):
+                out.append(Problem(at(path), None, rule, fix))
     tasksets: list[tuple[str, TaskSetConfig]] = []
     if buf.taskset is not None and cfg.mode == "both":
         tasksets.append(("buffer.taskset", buf.taskset))

@@ -175,3 +175,12 @@ def kl_controller(cfg):
     if cfg.adaptive:
         return AdaptiveKLController(value=cfg.coef, target=cfg.target_kl, horizon=cfg.horizon)
     return FixedKLController(value=cfg.coef)
+
+
+def sample_strategy(cfg: TriviumConfig, tokenizer):
+    """The stage's sample strategy (the preset's unless ``algorithm.sample_strategy`` overrides it)."""
+    from trivium.algorithm.presets import get_preset
+    from trivium.buffer.sampling import SAMPLE_STRATEGIES
+
+    name = cfg.algorithm.sample_strategy or get_preset(cfg.algorithm.algorithm_type).sample_strategy
+    return SAMPLE_STRATEGIES.get(name)(cfg, tokenizer, **cfg.algorithm.sample_strategy_args)

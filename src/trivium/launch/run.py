@@ -171,11 +171,7 @@ def _online_loop(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunS
     queue = ExperienceQueue(cfg.buffer.queue_capacity or 2 * per_step)
     explorer = _make_explorer(cfg, state, taskset, queue)
     trainer = _make_trainer(cfg, state, total)
-    experts = None
-    if cfg.buffer.expert_dataset is not None and cfg.buffer.expert_per_step:
-        from trivium.buffer.offline import SftReader
-
-        experts = SftReader(cfg.buffer.expert_dataset, state.tokenizer, seed=cfg.seed)
+    strategy = build.sample_strategy(cfg, state.tokenizer)
     log.info(
         "stage %s: online RL (%s), %d steps of %d tasks x %d samples",
         stage.name,
@@ -188,15 +184,7 @@ def _online_loop(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunS
     _maybe_eval_at_start(cfg, explorer, stage, writer, state, progress)
     for step in range(1, total + 1):
         record = explorer.explore_step(step)
-        experiences = queue.get(int(record["rollout/experiences"]))
-        if experts is not None:  # CHORD: demonstrations join the batch, each in a group of its own
-            first = explorer.next_group_id
-            demos = experts.next_batch(cfg.buffer.expert_per_step)
-            explorer.next_group_id += len(demos)
-            experiences += [
-                e.replace(is_expert=True, group_id=first + i, model_version=state.version)
-                for i, e in enumerate(demos)
-            ]
+        experiences = strategy(queue.get(int(record["rollout/experiences"])), step)
         record.update(trainer.train_step(experiences))
         if step % cfg.synchronizer.sync_interval == 0 or step == total:
             state.version = trainer.step

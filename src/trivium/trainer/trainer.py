@@ -62,13 +62,14 @@ class AlgorithmSpec:
     def from_config(cls, cfg: AlgorithmConfig) -> AlgorithmSpec:
         preset = get_preset(cfg.algorithm_type)
         adv = cfg.advantage_fn or preset.advantage_fn
+        loss = cfg.policy_loss_fn or preset.policy_loss_fn
         critic_args = {"gamma": cfg.critic.gamma, "lam": cfg.critic.lam} if preset.needs_critic else {}
         return cls(
             name=preset.name,
             advantage_fn=adv,
-            advantage_args={**preset.advantage_args, **critic_args, **cfg.advantage_args},
-            policy_loss_fn=cfg.policy_loss_fn or preset.policy_loss_fn,
-            policy_loss_args={**preset.policy_loss_args, **cfg.policy_loss_args},
+            advantage_args={**preset.args_for("advantage", adv), **critic_args, **cfg.advantage_args},
+            policy_loss_fn=loss,
+            policy_loss_args={**preset.args_for("policy_loss", loss), **cfg.policy_loss_args},
             aggregation=cfg.loss_agg_mode or preset.aggregation,
             kl_coef=cfg.kl_loss.coef,
             kl_estimator=cfg.kl_loss.estimator,
@@ -323,4 +324,10 @@ class Trainer:
 
     # --- state for checkpoints ------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, **self.optim.state_dict(), "generator": self.generator.get_state()}
+        """Optimizer, schedule and RNG state, plus the critic (weights and optimizer) and the KL controller."""
+        state = {"step": self.step, **self.optim.state_dict(), "generator": self.generator.get_state()}
+        if self.critic is not None:
+            state["critic"] = self.critic.state_dict()
+        if self.kl_penalty is not None:
+            state["kl_penalty"] = self.kl_penalty.state_dict()
+        return state

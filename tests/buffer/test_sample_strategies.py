@@ -1,0 +1,57 @@
+"""Sample strategies: rollouts plus expert demonstrations (CHORD), and their config checks."""
+
+import pytest
+import torch
+
+from trivium.buffer.sampling import SAMPLE_STRATEGIES
+from trivium.config import ConfigError, validate_raw
+from trivium.config.schema import TriviumConfig
+from trivium.models.loading import load_tokenizer
+from trivium.types import Experience
+
+
+def rollout(group, version=3):
+    return Experience(
+        tokens=torch.tensor([1, 2, 3]),
+        prompt_length=1,
+        action_mask=torch.ones(2, dtype=torch.bool),
+        logprobs=torch.zeros(2),
+        reward=1.0,
+        group_id=group,
+        model_version=version,
+    )
+
+
+def test_mix_adds_marked_demonstrations_in_fresh_groups(tiny_model_dir, word_problem_dir):
+    cfg = TriviumConfig(
+        buffer={
+            "expert_per_step": 3,
+            "expert_dataset": {
+                "path": str(word_problem_dir / "sft.jsonl"),
+                "fields": {"prompt": "question", "response": "answer"},
+            },
+        }
+    )
+    strategy = SAMPLE_STRATEGIES.get("mix")(cfg, load_tokenizer(tiny_model_dir))
+    batch = strategy([rollout(5), rollout(5), rollout(7)], step=4)
+    assert len(batch) == 6
+    demos = batch[3:]
+    assert all(e.is_expert and e.model_version == 3 and e.explore_step == 4 for e in demos)
+    assert [e.group_id for e in demos] == [8, 9, 10]
+    assert not any(e.is_expert for e in batch[:3])
+    assert SAMPLE_STRATEGIES.get("default")(cfg, None)([rollout(1)], step=0)[0].group_id == 1
+
+
+def test_config_checks_the_strategy(tmp_path):
+    (tmp_path / "t.jsonl").write_text('{"question": "q", "answer": "1"}\n')
+    raw = {
+        "model": {"path": "Qwen/Qwen2.5-0.5B"},
+        "buffer": {"taskset": {"path": "t.jsonl"}},
+        "algorithm": {"algorithm_type": "mix_chord"},
+    }
+    with pytest.raises(ConfigError) as info:
+        validate_raw(raw, tmp_path)
+    assert {p.path for p in info.value.problems} == {"buffer.expert_dataset", "buffer.expert_per_step"}
+    raw["algorithm"] = {"algorithm_type": "grpo", "sample_strategy": "mixx"}
+    with pytest.raises(ConfigError, match="Did you mean 'mix'"):
+        validate_raw(raw, tmp_path)
