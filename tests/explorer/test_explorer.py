@@ -99,3 +99,43 @@ def test_evaluate_reports_accuracy_per_taskset(engine, word_problem_dir):
     assert 0.0 <= metrics["eval/test/accuracy"] <= 1.0
     assert metrics["eval/test/reward_mean"] == metrics["eval/test/accuracy"]  # math reward is 0/1 accuracy
     assert len(explorer.queue) == 0  # eval experiences never reach the trainer
+
+
+def test_evaluate_with_k_samples_reports_mean_best_worst(engine, word_problem_dir):
+    explorer = make_explorer(engine, word_problem_dir)
+    explorer.eval_params = SamplingParams(n=4, temperature=1.0, max_tokens=16)
+    m = explorer.evaluate()
+    assert m["eval/test/count"] == 64
+    assert 0.0 <= m["eval/test/worst@4"] <= m["eval/test/mean@4"] <= m["eval/test/best@4"] <= 1.0
+    assert m["eval/test/mean@4"] == pytest.approx(m["eval/test/accuracy"])
+
+
+def test_at_k_from_hand_made_results():
+    import torch
+
+    from trivium.explorer.explorer import TaskResult, at_k
+    from trivium.types import Experience, Task
+
+    def exp(acc):
+        return Experience(
+            tokens=torch.tensor([1, 2]),
+            prompt_length=1,
+            action_mask=torch.ones(1, dtype=torch.bool),
+            logprobs=torch.zeros(1),
+            reward=acc,
+            metrics={"accuracy": acc},
+        )
+
+    task = Task(task_id="t", data={}, workflow="math", reward_fn="math_verify")
+    results = [
+        TaskResult(task, [exp(1), exp(0), exp(0)]),
+        TaskResult(task, [exp(1), exp(1), exp(1)]),
+        TaskResult(task, [exp(0), exp(0), exp(0)]),
+        TaskResult(task, [], RuntimeError("failed")),
+    ]
+    assert at_k(results, 3, "eval/x") == {
+        "eval/x/mean@3": pytest.approx((1 / 3 + 1 + 0) / 3),
+        "eval/x/best@3": pytest.approx(2 / 3),
+        "eval/x/worst@3": pytest.approx(1 / 3),
+    }
+    assert at_k(results, 1, "eval/x") == {}

@@ -293,6 +293,12 @@ class SynchronizerConfig(StrictModel):
     """How new weights reach the rollout model. memory: in-process copy with a version number."""
     sync_interval: int = Field(1, ge=1)
     """Trainer steps between weight syncs (1 = strictly on-policy)."""
+    sync_offset: int = Field(0, ge=0)
+    """Explore steps the explorer may run ahead of the trainer (0 = alternate; > 0 = overlap in a thread)."""
+    max_staleness: int | None = Field(None, ge=0)
+    """Experiences sampled by weights more than this many versions old are dropped or kept (staleness_policy)."""
+    staleness_policy: Literal["drop", "keep"] = "drop"
+    """What to do with experiences over max_staleness: drop them, or keep them (counted in the metrics)."""
 
 
 class MonitorConfig(StrictModel):
@@ -309,6 +315,15 @@ class AuxiliaryModelConfig(StrictModel):
     """Dtype of the frozen weights."""
 
 
+class BenchConfig(StrictModel):
+    checkpoints: Literal["all", "latest", "none"] = "all"
+    """Which step_N checkpoints to evaluate in mode bench."""
+    checkpoint_dir: str | None = None
+    """Folder searched for step_N/model checkpoints; default: this run folder's checkpoints."""
+    include_base: bool = True
+    """Evaluate model.path too (the starting point)."""
+
+
 class TriviumConfig(StrictModel):
     project: str = "trivium"
     """Project folder under checkpoint_root."""
@@ -316,8 +331,9 @@ class TriviumConfig(StrictModel):
     """Run name; the run folder is {checkpoint_root}/{project}/{name}."""
     checkpoint_root: str = "runs"
     """Root of run folders, relative to the working directory."""
-    mode: Literal["both", "train"] = "both"
-    """both: explorer + trainer (online RL); train: trainer only, from a dataset (SFT)."""
+    mode: Literal["both", "train", "bench"] = "both"
+    """both: explorer + trainer (online RL); train: trainer only, from a dataset (SFT, DPO); bench: evaluate
+    the base model and checkpoints on the eval task sets."""
     seed: int = 0
     """Seed for Python, torch and data order."""
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -336,6 +352,8 @@ class TriviumConfig(StrictModel):
     """Weight synchronisation from trainer to explorer."""
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     """Metrics and progress display."""
+    bench: BenchConfig = Field(default_factory=BenchConfig)
+    """What mode bench evaluates."""
     stages: list[dict[str, Any]] = Field(default_factory=list)
     """Stages run in order, each from the previous stage's final weights. Each entry has a 'name' and
     any top-level sections to override (mode, buffer, algorithm, trainer, ...)."""

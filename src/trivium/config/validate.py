@@ -38,6 +38,8 @@ def resolve_paths(cfg: TriviumConfig, base_dir: Path) -> TriviumConfig:
     data["algorithm"]["critic"]["path"] = model_path(data["algorithm"]["critic"]["path"])
     if data["model"]["tiny"] is not None:
         data["model"]["tiny"]["corpus"] = [local(p) for p in data["model"]["tiny"]["corpus"]]
+    if data["bench"]["checkpoint_dir"]:
+        data["bench"]["checkpoint_dir"] = local(data["bench"]["checkpoint_dir"])
     buf = data["buffer"]
     for ts in [
         buf["taskset"],
@@ -249,6 +251,15 @@ def _check_data(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
         else:
             for path, rule, fix in strategy.problems(cfg, cfg.algorithm.sample_strategy_args):
                 out.append(Problem(at(path), None, rule, fix))
+    if cfg.mode == "bench" and not buf.eval_tasksets:
+        out.append(
+            Problem(
+                at("buffer.eval_tasksets"),
+                [],
+                "mode 'bench' evaluates on eval task sets",
+                "list at least one under buffer.eval_tasksets",
+            )
+        )
     tasksets: list[tuple[str, TaskSetConfig]] = []
     if buf.taskset is not None and cfg.mode == "both":
         tasksets.append(("buffer.taskset", buf.taskset))

@@ -123,7 +123,11 @@ class Explorer:
         return metrics
 
     def evaluate(self) -> dict[str, float]:
-        """Accuracy, reward and length on every eval task set (no experience reaches the buffer)."""
+        """Accuracy, reward and length on every eval task set (no experience reaches the buffer).
+
+        With k = ``eval_params.n`` > 1 samples per task it also reports, over tasks, ``mean@k`` (mean
+        accuracy of all samples), ``best@k`` (some sample right, i.e. pass@k) and ``worst@k`` (all right).
+        """
         metrics: dict[str, float] = {}
         for reader in self.eval_tasksets:
             t0 = time.perf_counter()
@@ -131,6 +135,7 @@ class Explorer:
             experiences = [e for r in results for e in r.experiences]
             prefix = f"eval/{reader.name}"
             metrics.update(summarize(experiences, prefix))
+            metrics.update(at_k(results, self.eval_params.n, prefix))
             metrics[f"{prefix}/failed_tasks"] = float(sum(r.error is not None for r in results))
             metrics[f"{prefix}/seconds"] = time.perf_counter() - t0
         return metrics
@@ -173,6 +178,21 @@ class Explorer:
                 f"every task of the batch failed; first: task {failures[0].task.task_id}: {failures[0].error!r}"
             ) from failures[0].error
         return results
+
+
+def at_k(results: Sequence[TaskResult], k: int, prefix: str) -> dict[str, float]:
+    """mean@k, best@k and worst@k of accuracy (the reward where a workflow reports no accuracy)."""
+    per_task = [
+        [e.metrics.get("accuracy", e.reward) for e in r.experiences] for r in results if r.experiences
+    ]
+    if k <= 1 or not per_task:
+        return {}
+    n = len(per_task)
+    return {
+        f"{prefix}/mean@{k}": sum(sum(a) / len(a) for a in per_task) / n,
+        f"{prefix}/best@{k}": sum(max(a) for a in per_task) / n,
+        f"{prefix}/worst@{k}": sum(min(a) for a in per_task) / n,
+    }
 
 
 def summarize(experiences: Sequence[Experience], prefix: str) -> dict[str, float]:

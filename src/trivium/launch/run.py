@@ -18,6 +18,7 @@ import yaml
 
 from trivium.config.load import RunConfig, Stage
 from trivium.launch import build
+from trivium.launch.overlap import ExplorerThread, VersionGate, staleness_filter
 from trivium.monitor.metrics import METRICS_FILE, MetricsWriter, Progress
 from trivium.trainer.checkpoint import prune_checkpoints, save_checkpoint
 from trivium.trainer.trainer import AlgorithmSpec, Trainer
@@ -91,9 +92,14 @@ class RunState:
 
 def run_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunState) -> None:
     cfg = stage.config
-    if state.model is None:
+    if state.model is None and cfg.mode != "bench":
         path = build.ensure_model(cfg, run_dir)
         state.model, state.tokenizer = build.load_policy(path, cfg)
+    if cfg.mode == "bench":
+        from trivium.launch.bench import bench_loop
+
+        bench_loop(stage, run_dir, writer, state, _make_explorer)
+        return
     loop = _online_loop if cfg.mode == "both" else _train_loop
     loop(stage, run_dir, writer, state)
 
@@ -168,28 +174,71 @@ def _online_loop(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunS
     taskset = build.task_reader(cfg.buffer.taskset, cfg.seed, is_eval=False)
     total = build.total_steps(cfg, len(taskset))
     per_step = cfg.buffer.batch_size * cfg.buffer.taskset.repeat_times
-    queue = ExperienceQueue(cfg.buffer.queue_capacity or 2 * per_step)
+    sync = cfg.synchronizer
+    queue = ExperienceQueue(cfg.buffer.queue_capacity or (2 + sync.sync_offset) * per_step)
     explorer = _make_explorer(cfg, state, taskset, queue)
     trainer = _make_trainer(cfg, state, total)
     strategy = build.sample_strategy(cfg, state.tokenizer)
     log.info(
-        "stage %s: online RL (%s), %d steps of %d tasks x %d samples",
+        "stage %s: online RL (%s), %d steps of %d tasks x %d samples, sync every %d step(s), offset %d",
         stage.name,
         trainer.algorithm.name,
         total,
         cfg.buffer.batch_size,
         cfg.buffer.taskset.repeat_times,
+        sync.sync_interval,
+        sync.sync_offset,
     )
     progress = Progress(stage.name, total, enabled=cfg.monitor.progress_bar)
     _maybe_eval_at_start(cfg, explorer, stage, writer, state, progress)
-    for step in range(1, total + 1):
-        record = explorer.explore_step(step)
-        experiences = strategy(queue.get(int(record["rollout/experiences"])), step)
-        record.update(trainer.train_step(experiences))
-        if step % cfg.synchronizer.sync_interval == 0 or step == total:
-            state.version = trainer.step
-            explorer.model.update_weights(trainer.model.state_dict(), state.version)
-        _finish_step(cfg, stage, step, total, record, explorer, trainer, run_dir, writer, state, progress)
+    start_version = state.version
+    ahead = None
+    if sync.sync_offset > 0:  # the explorer runs ahead in its own thread (see launch/overlap.py)
+        gate = VersionGate(start_version)
+        ahead = ExplorerThread(
+            explorer,
+            gate,
+            total,
+            sync.sync_interval,
+            sync.sync_offset,
+            start_version,
+            on_eval=lambda rec: writer.write({"stage": stage.name, "global_step": state.global_step, **rec}),
+        )
+        ahead.start()
+    try:
+        for step in range(1, total + 1):
+            record = ahead.next_result(step) if ahead else explorer.explore_step(step)
+            experiences = strategy(queue.get(int(record["rollout/experiences"])), step)
+            experiences, stale = staleness_filter(
+                experiences, start_version + step - 1, sync.max_staleness, sync.staleness_policy
+            )
+            record.update(stale)
+            record.update(trainer.train_step(experiences) if experiences else {"train/skipped_steps": 1.0})
+            if step % sync.sync_interval == 0 or step == total:
+                state.version = start_version + step
+                explorer.model.update_weights(trainer.model.state_dict(), state.version)
+                if ahead:
+                    ahead.gate.publish(state.version)
+            _finish_step(
+                cfg,
+                stage,
+                step,
+                total,
+                record,
+                explorer,
+                trainer,
+                run_dir,
+                writer,
+                state,
+                progress,
+                evaluate=ahead is None or step == total,
+            )
+            if ahead and step < total and _eval_due(cfg, step, total):
+                ahead.request_eval(step)
+    finally:
+        if ahead:
+            ahead.gate.stop()
+            ahead.join()
     progress.close()
 
 
@@ -231,16 +280,16 @@ def _maybe_eval_at_start(cfg, explorer, stage, writer, state, progress) -> None:
     progress.note_eval(record)
 
 
-def _finish_step(
-    cfg, stage, step, total, record, explorer, trainer, run_dir, writer, state, progress
-) -> None:
-    """Evaluate and save when due, then log the step's record."""
+def _eval_due(cfg, step: int, total: int) -> bool:
     interval = cfg.explorer.eval_interval
-    if (
-        explorer is not None
-        and explorer.eval_tasksets
-        and (step == total or (interval and step % interval == 0))
-    ):
+    return bool(cfg.buffer.eval_tasksets) and (step == total or bool(interval and step % interval == 0))
+
+
+def _finish_step(
+    cfg, stage, step, total, record, explorer, trainer, run_dir, writer, state, progress, evaluate=True
+) -> None:
+    """Evaluate (when due and ``evaluate``) and save when due, then log the step's record."""
+    if evaluate and explorer is not None and _eval_due(cfg, step, total):
         if cfg.mode == "train":  # the eval engine follows the trainer only when it evaluates
             explorer.model.update_weights(trainer.model.state_dict(), state.version)
         record.update(explorer.evaluate())

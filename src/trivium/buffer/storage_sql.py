@@ -1,0 +1,460 @@
+"""Experience storage in SQL through SQLAlchemy Core: a SQLite file (the default, in the run folder) or
+PostgreSQL by URL (``postgresql+psycopg2://user:password@host:5432/db``).
+
+Design decisions:
+- One row per experience: its status (``ready`` → ``claimed`` → ``consumed``, or back to ``ready`` under
+  a replay policy), the claim token holding it, its use count and last-use step, a few columns worth
+  querying (model version, task, group, write key) and the record of ``storage.py`` (fields as JSON
+  text, tensors as one safetensors blob). JSON lives in a TEXT column, not PostgreSQL's ``json`` type,
+  because that type refuses the NaN a metric may hold.
+- A claims table records every read (token, consumer, step, size, open/committed/released): it is what
+  ``commit`` and ``recover`` act on, what makes ``commit`` idempotent, and the default step clock.
+- Claims are atomic across processes. SQLite: every transaction starts with ``BEGIN IMMEDIATE`` (one
+  writer at a time, WAL so readers never block, ``synchronous=FULL`` so a returned write survives power
+  loss too). PostgreSQL: ``SELECT ... FOR UPDATE SKIP LOCKED``, so concurrent readers take disjoint
+  rows without waiting for each other.
+- FIFO order is id order. With several concurrent writers on PostgreSQL a smaller id can commit after a
+  larger one and be served after it; nothing is lost or served twice.
+
+Left out: other databases (MySQL would need testing of its locking), schema migrations (the tables carry
+a record format number; a new format needs a new reader, not an ALTER), SQLite on network filesystems
+(WAL needs shared memory on one host; use PostgreSQL across machines).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import uuid
+import zlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+
+from trivium.buffer.replay import FIFO, Fifo, ReadPolicy, ReplayPolicy
+from trivium.buffer.storage import (
+    STATUSES,
+    Claim,
+    Status,
+    StorageError,
+    experience_to_record,
+    record_to_experience,
+)
+from trivium.types import Experience
+
+__all__ = ["SqlStorage"]
+
+SQLITE_BUSY_TIMEOUT_S = 60.0  # how long a transaction waits for another process's write lock
+PG_CONNECT_TIMEOUT_S = 10
+_TABLE_NAME = re.compile(r"[a-z_][a-z0-9_]{0,40}")
+
+
+class SqlStorage:
+    """``ExperienceStorage`` on SQLite or PostgreSQL; see ``storage.py`` for the protocol.
+
+    ``url``: a file path (SQLite, created with its folder if missing), ``sqlite:///path``, or a
+    ``postgresql+psycopg2://`` URL. ``table`` names the experience table (claims and write keys go to
+    ``{table}_claims`` and ``{table}_write_keys``), so several buffers can share one database.
+    """
+
+    def __init__(self, url: str | os.PathLike[str], *, table: str = "experiences", poll_s: float = 0.05):
+        if not _TABLE_NAME.fullmatch(table):
+            raise ValueError(
+                f"SqlStorage(table={table!r}): use 1-41 lower-case letters, digits and underscores, "
+                "starting with a letter or underscore"
+            )
+        self.url = _parse_url(url)
+        self.where = self.url.render_as_string(hide_password=True)
+        self.table = table
+        self.poll_s = poll_s
+        self._rows, self._claims, self._keys = _tables(table)
+        self._engine = _create_engine(self.url, self.where)
+        self._create_schema()
+
+    def __repr__(self) -> str:
+        return f"SqlStorage({self.where!r}, table={self.table!r})"
+
+    def __enter__(self) -> SqlStorage:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def write(self, experiences: Sequence[Experience], *, key: str | None = None) -> list[int]:
+        if not experiences:
+            return []
+        if key is not None and not 1 <= len(key) <= 255:
+            raise ValueError(f"SqlStorage.write(key={key!r}): a write key has 1 to 255 characters")
+        now = time.time()
+        values = [_row_values(e, key, now) for e in experiences]
+        rows = self._rows
+        try:
+            with self._begin(f"writing {len(values)} experiences") as conn:
+                if key is not None:
+                    conn.execute(sa.insert(self._keys).values(key=key, written_at=now))
+                stmt = sa.insert(rows).returning(rows.c.id, sort_by_parameter_order=True)
+                return list(conn.execute(stmt, values).scalars())
+        except sa_exc.IntegrityError:
+            if key is None:
+                raise
+        with self._begin(f"looking up write key {key!r}") as conn:
+            stmt = sa.select(rows.c.id).where(rows.c.write_key == key).order_by(rows.c.id)
+            return list(conn.execute(stmt).scalars())
+
+    def read(
+        self,
+        n: int,
+        *,
+        policy: ReadPolicy = FIFO,
+        consumer: str = "trainer",
+        step: int | None = None,
+        timeout: float | None = None,
+    ) -> Claim:
+        if n < 1:
+            raise ValueError(f"SqlStorage.read(n={n}): n must be >= 1 experiences")
+        if not 1 <= len(consumer) <= 255:
+            raise ValueError(
+                f"SqlStorage.read(consumer={consumer!r}): a consumer name has 1 to 255 characters"
+            )
+        deadline = None if timeout is None else time.monotonic() + timeout
+        wait = self.poll_s
+        while True:
+            claim = self._try_claim(n, policy, consumer, step)
+            if claim is not None:
+                return claim
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(self._shortage(n, policy, consumer, step, timeout))
+            time.sleep(wait if left is None else min(wait, left))
+            wait = min(2 * wait, 1.0)
+
+    def commit(self, claim: Claim | str) -> None:
+        token = claim.token if isinstance(claim, Claim) else claim
+        rows, claims = self._rows, self._claims
+        with self._begin(f"committing claim {token!r}") as conn:
+            found = conn.execute(
+                sa.select(claims).where(claims.c.token == token).with_for_update()
+            ).one_or_none()
+            if found is None:
+                raise StorageError(
+                    f"experience storage {self.where}: there is no claim {token!r} in table "
+                    f"{claims.name}; commit only tokens that read() on this storage returned"
+                )
+            if found.status == "committed":
+                return
+            if found.status == "released":
+                raise StorageError(
+                    f"experience storage {self.where}: claim {token!r} of consumer {found.consumer!r} "
+                    f"({found.size} experiences, step {found.step}) was handed back by recover(), so they "
+                    "may have been served again; committing it now could train on them twice. On resume, "
+                    "commit the claims of the checkpoint first, then call recover()"
+                )
+            uses = rows.c.use_count + 1
+            status: Any = "ready"
+            if found.max_uses is not None:
+                status = sa.case((uses >= found.max_uses, "consumed"), else_="ready")
+            conn.execute(
+                sa.update(rows)
+                .where(rows.c.claim_token == token)
+                .values(use_count=uses, last_use_step=found.step, status=status, claim_token=None)
+            )
+            conn.execute(
+                sa.update(claims)
+                .where(claims.c.token == token)
+                .values(status="committed", closed_at=time.time())
+            )
+
+    def recover(self, consumer: str) -> int:
+        rows, claims = self._rows, self._claims
+        with self._begin(f"recovering the claims of {consumer!r}") as conn:
+            tokens = list(
+                conn.execute(
+                    sa.select(claims.c.token)
+                    .where(claims.c.consumer == consumer, claims.c.status == "open")
+                    .with_for_update()
+                ).scalars()
+            )
+            if not tokens:
+                return 0
+            released = conn.execute(
+                sa.update(rows).where(rows.c.claim_token.in_(tokens)).values(status="ready", claim_token=None)
+            ).rowcount
+            conn.execute(
+                sa.update(claims)
+                .where(claims.c.token.in_(tokens))
+                .values(status="released", closed_at=time.time())
+            )
+            return int(released)
+
+    def count(self, status: Status | None = None) -> int:
+        stmt = sa.select(sa.func.count()).select_from(self._rows)
+        if status is not None:
+            if status not in STATUSES:
+                raise ValueError(f"SqlStorage.count(status={status!r}): use one of {list(STATUSES)} or None")
+            stmt = stmt.where(self._rows.c.status == status)
+        with self._begin("counting experiences") as conn:
+            return int(conn.execute(stmt).scalar_one())
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    # -- internals --------------------------------------------------------------------------------------
+
+    def _try_claim(self, n: int, policy: ReadPolicy, consumer: str, step: int | None) -> Claim | None:
+        rows, claims = self._rows, self._claims
+        with self._begin(f"claiming {n} experiences for {consumer!r}") as conn:
+            if step is None:
+                step = self._next_step(conn, consumer)
+            where, order, max_uses = _selection(rows, policy, step)
+            ids = list(
+                conn.execute(
+                    sa.select(rows.c.id)
+                    .where(*where)
+                    .order_by(*order)
+                    .limit(n)
+                    .with_for_update(skip_locked=True)
+                ).scalars()
+            )
+            if len(ids) < n:
+                return None
+            token = uuid.uuid4().hex
+            conn.execute(
+                sa.update(rows).where(rows.c.id.in_(ids)).values(status="claimed", claim_token=token)
+            )
+            conn.execute(
+                sa.insert(claims).values(
+                    token=token,
+                    consumer=consumer,
+                    step=step,
+                    max_uses=max_uses,
+                    size=n,
+                    status="open",
+                    claimed_at=time.time(),
+                )
+            )
+            payload = conn.execute(
+                sa.select(rows.c.id, rows.c.record_format, rows.c.fields, rows.c.tensors).where(
+                    rows.c.id.in_(ids)
+                )
+            )
+            # decoded inside the transaction: a damaged row fails the read instead of staying claimed
+            by_id = {r.id: self._decode(r) for r in payload}
+        return Claim(token, consumer, step, tuple(ids), tuple(by_id[i] for i in ids))
+
+    def _next_step(self, conn: sa.Connection, consumer: str) -> int:
+        claims = self._claims
+        last = conn.execute(sa.select(sa.func.max(claims.c.step)).where(claims.c.consumer == consumer))
+        value = last.scalar_one()
+        return 0 if value is None else int(value) + 1
+
+    def _decode(self, row: sa.Row) -> Experience:
+        record = {"format": row.record_format, "fields": json.loads(row.fields), "tensors": row.tensors}
+        return record_to_experience(record, where=f"{self.where} table {self.table} id {row.id}")
+
+    def _shortage(
+        self, n: int, policy: ReadPolicy, consumer: str, step: int | None, timeout: float | None
+    ) -> str:
+        rows = self._rows
+        with self._begin("counting experiences") as conn:
+            by_status = dict(
+                conn.execute(sa.select(rows.c.status, sa.func.count()).group_by(rows.c.status)).tuples()
+            )
+            where, _, _ = _selection(rows, policy, self._next_step(conn, consumer) if step is None else step)
+            eligible = conn.execute(sa.select(sa.func.count()).select_from(rows).where(*where)).scalar_one()
+        counts = ", ".join(f"{by_status.get(s, 0)} {s}" for s in STATUSES)
+        return (
+            f"experience storage {self.where}: read(n={n}, policy={policy}, consumer={consumer!r}) timed "
+            f"out after {timeout} s with {eligible} eligible experiences ({counts}). The writer (explorer) "
+            "has produced fewer than this reader asks for: check that it is running and writing to this "
+            "storage, or raise the timeout; under a replay policy, max_uses or cooldown_steps may also "
+            "hold experiences back"
+        )
+
+    def _create_schema(self) -> None:
+        with self._begin("creating the experience tables") as conn:
+            if self.url.get_backend_name() == "postgresql":
+                # two processes opening a fresh database must not both CREATE TABLE
+                lock = zlib.crc32(self.table.encode())
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": lock})
+            self._rows.metadata.create_all(conn)
+
+    @contextmanager
+    def _begin(self, doing: str) -> Iterator[sa.Connection]:
+        try:
+            with self._engine.begin() as conn:
+                yield conn
+        except sa_exc.OperationalError as error:
+            raise StorageError(_explain(self.url, self.where, doing, error)) from error
+
+
+def _selection(rows: sa.Table, policy: ReadPolicy, step: int) -> tuple[list[Any], list[Any], int | None]:
+    """WHERE clauses, ORDER BY and the max uses recorded on the claim, for ``policy`` at ``step``."""
+    if isinstance(policy, Fifo):
+        return [rows.c.status == "ready"], [rows.c.id], 1
+    if not isinstance(policy, ReplayPolicy):
+        raise TypeError(f"read(policy={policy!r}): use FIFO or a ReplayPolicy (trivium.buffer.replay)")
+    where: list[Any] = [rows.c.status == "ready"]
+    if policy.max_uses is not None:
+        where.append(rows.c.use_count < policy.max_uses)
+    # ReplayPolicy.eligible, restated: never used, or used more than cooldown_steps steps ago
+    where.append(sa.or_(rows.c.last_use_step.is_(None), rows.c.last_use_step < step - policy.cooldown_steps))
+    priority = policy.priority(rows.c.model_version, rows.c.use_count)
+    return where, [priority.desc(), rows.c.id], policy.max_uses
+
+
+def _row_values(e: Experience, key: str | None, now: float) -> dict[str, Any]:
+    record = experience_to_record(e)
+    return {
+        "status": "ready",
+        "claim_token": None,
+        "use_count": 0,
+        "last_use_step": None,
+        "model_version": int(e.model_version),
+        "task_id": str(e.task_id),
+        "group_id": int(e.group_id),
+        "write_key": key,
+        "written_at": now,
+        "record_format": record["format"],
+        "fields": json.dumps(record["fields"]),
+        "tensors": record["tensors"],
+    }
+
+
+def _tables(name: str) -> tuple[sa.Table, sa.Table, sa.Table]:
+    md = sa.MetaData()
+    big_id = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # SQLite autoincrements INTEGER only
+    rows = sa.Table(
+        name,
+        md,
+        sa.Column("id", big_id, primary_key=True, autoincrement=True),
+        sa.Column("status", sa.String(16), nullable=False),
+        sa.Column("claim_token", sa.String(64)),
+        sa.Column("use_count", sa.Integer, nullable=False),
+        sa.Column("last_use_step", sa.BigInteger),
+        sa.Column("model_version", sa.BigInteger, nullable=False),
+        sa.Column("task_id", sa.Text, nullable=False),
+        sa.Column("group_id", sa.BigInteger, nullable=False),
+        sa.Column("write_key", sa.String(255)),
+        sa.Column("written_at", sa.Float, nullable=False),  # unix time
+        sa.Column("record_format", sa.Integer, nullable=False),
+        sa.Column("fields", sa.Text, nullable=False),
+        sa.Column("tensors", sa.LargeBinary, nullable=False),
+        sa.Index(f"{name}_status_id", "status", "id"),
+        sa.Index(f"{name}_claim_token", "claim_token"),
+        sa.Index(f"{name}_write_key", "write_key"),
+        sqlite_autoincrement=True,  # ids are never reused
+    )
+    claims = sa.Table(
+        f"{name}_claims",
+        md,
+        sa.Column("token", sa.String(64), primary_key=True),
+        sa.Column("consumer", sa.String(255), nullable=False),
+        sa.Column("step", sa.BigInteger, nullable=False),
+        sa.Column("max_uses", sa.Integer),  # uses after which a committed row is consumed; NULL: never
+        sa.Column("size", sa.Integer, nullable=False),
+        sa.Column("status", sa.String(16), nullable=False),  # open | committed | released
+        sa.Column("claimed_at", sa.Float, nullable=False),
+        sa.Column("closed_at", sa.Float),
+        sa.Index(f"{name}_claims_consumer", "consumer", "status"),
+    )
+    keys = sa.Table(
+        f"{name}_write_keys",
+        md,
+        sa.Column("key", sa.String(255), primary_key=True),
+        sa.Column("written_at", sa.Float, nullable=False),
+    )
+    return rows, claims, keys
+
+
+def _parse_url(url: str | os.PathLike[str]) -> sa.URL:
+    if isinstance(url, os.PathLike) or "://" not in url:
+        path = Path(url).expanduser()
+        if not str(url).strip():
+            raise StorageError("experience storage: empty path; give a SQLite file path or a database URL")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise StorageError(
+                f"experience storage {path}: cannot create its folder ({error}); give a path in a "
+                "writable folder (by default the run folder)"
+            ) from error
+        return sa.URL.create("sqlite", database=str(path.resolve()))
+    try:
+        parsed = sa.make_url(url)
+    except (sa_exc.ArgumentError, ValueError) as error:
+        raise StorageError(
+            f"experience storage: {_mask(url)!r} is not a database URL ({error}); give a SQLite file "
+            "path, or a URL like postgresql+psycopg2://user:password@host:5432/database"
+        ) from error
+    backend = parsed.get_backend_name()
+    masked = parsed.render_as_string(hide_password=True)
+    if backend == "sqlite" and parsed.database in (None, "", ":memory:"):
+        raise StorageError(
+            f"experience storage {masked}: an in-memory SQLite database would vanish with the process "
+            "and differ between connections; give a file path (e.g. the run folder's buffer.db)"
+        )
+    if backend not in ("sqlite", "postgresql"):
+        hint = " (write postgresql://, not postgres://)" if backend == "postgres" else ""
+        raise StorageError(
+            f"experience storage {masked}: database {backend!r} is not supported{hint}; use a SQLite "
+            "file path or a postgresql+psycopg2:// URL"
+        )
+    return parsed
+
+
+def _create_engine(url: sa.URL, where: str) -> sa.Engine:
+    if url.get_backend_name() == "sqlite":
+        engine = sa.create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S})
+        sa.event.listen(engine, "connect", _sqlite_on_connect)
+        sa.event.listen(engine, "begin", _sqlite_on_begin)
+        return engine
+    connect_args = {}
+    if url.get_driver_name() == "psycopg2" and "connect_timeout" not in url.query:
+        connect_args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
+    try:
+        return sa.create_engine(url, pool_pre_ping=True, connect_args=connect_args)
+    except (ImportError, sa_exc.NoSuchModuleError) as error:
+        raise StorageError(
+            f"experience storage {where}: the database driver is missing ({error}); install it with "
+            "`pip install psycopg2-binary` for postgresql+psycopg2:// URLs"
+        ) from error
+
+
+def _sqlite_on_connect(dbapi_conn: Any, _record: Any) -> None:
+    dbapi_conn.isolation_level = None  # the driver must not BEGIN on its own: _sqlite_on_begin does
+    cursor = dbapi_conn.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=FULL")
+    cursor.close()
+
+
+def _sqlite_on_begin(conn: sa.Connection) -> None:
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _explain(url: sa.URL, where: str, doing: str, error: sa_exc.OperationalError) -> str:
+    message = str(error.orig).strip()
+    if url.get_backend_name() == "sqlite":
+        if "locked" in message:
+            hint = (
+                f"another process held the write lock for over {SQLITE_BUSY_TIMEOUT_S:.0f} s; find it "
+                "(e.g. `fuser` on the file) or move the buffer to PostgreSQL for many writers"
+            )
+        else:
+            hint = "check that the folder exists and is writable and that the file is a SQLite database"
+    else:
+        hint = (
+            "check that the PostgreSQL server is running and reachable at that host and port, that the "
+            "database exists (createdb NAME) and that the user and password are right"
+        )
+    return f"experience storage {where}: {doing} failed: {message}. What to do: {hint}"
+
+
+def _mask(url: str) -> str:
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)

@@ -1,0 +1,77 @@
+"""Mode bench over a run's checkpoints, and runs whose explorer overlaps the trainer (sync_offset > 0)."""
+
+import pytest
+import yaml
+
+from trivium.cli import main as cli
+from trivium.monitor.metrics import read_metrics
+
+
+def config(folder, model_dir, data_dir, name, **sync):
+    return {
+        "project": "modes",
+        "name": name,
+        "checkpoint_root": str(folder / "runs"),
+        "model": {"path": str(model_dir)},
+        "explorer": {
+            "rollout": {"max_tokens": 6},
+            "eval_interval": 2,
+            "eval_at_start": False,
+            "eval": {"repeat_times": 2, "temperature": 1.0},
+        },
+        "monitor": {"progress_bar": False},
+        "synchronizer": sync,
+        "buffer": {
+            "batch_size": 2,
+            "total_steps": 4,
+            "taskset": {"path": str(data_dir / "train.jsonl"), "repeat_times": 3},
+            "eval_tasksets": [{"path": str(data_dir / "test.jsonl"), "name": "test", "max_rows": 4}],
+        },
+        "trainer": {"save_interval": 2, "keep_checkpoints": 5},
+    }
+
+
+def run(folder, cfg):
+    path = folder / f"{cfg['name']}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert cli(["run", "--config", str(path)]) == 0
+    return folder / "runs" / "modes" / cfg["name"]
+
+
+@pytest.mark.integration
+def test_bench_stage_evaluates_base_and_every_checkpoint(tmp_path, tiny_model_dir, word_problem_dir):
+    cfg = config(tmp_path, tiny_model_dir, word_problem_dir, "bench")
+    cfg["stages"] = [{"name": "grpo"}, {"name": "bench", "mode": "bench"}]
+    run_dir = run(tmp_path, cfg)
+    records = [r for r in read_metrics(run_dir) if r["stage"] == "bench"]
+    assert [r["model"] for r in records] == ["base", "grpo/step_2", "grpo/step_4"]
+    for r in records:
+        assert 0 <= r["eval/test/worst@2"] <= r["eval/test/mean@2"] <= r["eval/test/best@2"] <= 1
+    table = (run_dir / "bench.md").read_text()
+    assert "test mean@2" in table and "grpo/step_4" in table
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("offset", "interval"), [(1, 1), (3, 2)])
+def test_explorer_running_ahead(tmp_path, tiny_model_dir, word_problem_dir, offset, interval):
+    cfg = config(
+        tmp_path,
+        tiny_model_dir,
+        word_problem_dir,
+        f"ahead{offset}",
+        sync_offset=offset,
+        sync_interval=interval,
+        max_staleness=offset + interval - 1,
+    )
+    records = read_metrics(run(tmp_path, cfg))
+    steps = [r for r in records if "train/loss" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    versions = [r["rollout/model_version"] for r in steps]
+    # explore step s samples with weights k * floor((s - 1 - o) / k) (or 0 before that is reached)
+    expected = [
+        max(0, interval * ((s - 1 - offset) // interval)) if s - 1 - offset >= 0 else 0 for s in range(1, 5)
+    ]
+    assert all(v >= e for v, e in zip(versions, expected))
+    assert all(r["staleness/max"] <= offset + interval - 1 for r in steps)
+    assert all(r.get("staleness/dropped", 0) == 0 for r in steps)
+    assert any("eval/test/accuracy" in r for r in records)
