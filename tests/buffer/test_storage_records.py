@@ -23,7 +23,7 @@ def rich_experience() -> Experience:
         model_version=12,
         explore_step=5,
         is_expert=True,
-        info={"response": "x² = 4 ⇒ x = ±2\n\"quoted\"\x00", "turns": [{"role": "tool", "ok": None}]},
+        info={"response": 'x² = 4 ⇒ x = ±2\n"quoted"\x00', "turns": [{"role": "tool", "ok": None}]},
         metrics={"accuracy": 1.0, "len": 8.0, "nan": float("nan")},
     )
 

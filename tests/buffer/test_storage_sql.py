@@ -85,7 +85,7 @@ def test_experiences_round_trip_unchanged(open_storage):
             model_version=9,
             explore_step=4,
             is_expert=True,
-            info={"text": "naïve\n\"x\"\x00", "turns": [1, {"ok": None}]},
+            info={"text": 'naïve\n"x"\x00', "turns": [1, {"ok": None}]},
             metrics={"len": 4.0, "inf": float("inf")},
         ),
     ]
@@ -305,5 +305,5 @@ def test_bad_urls_are_explained(url, match):
 
 def test_a_sqlite_path_that_cannot_be_created_is_explained(tmp_path):
     (tmp_path / "file").write_text("")
-    with pytest.raises(StorageError, match=r"file/run: cannot create its folder"):
+    with pytest.raises(StorageError, match=r"file/run/buffer.db: cannot create its folder"):
         SqlStorage(tmp_path / "file" / "run" / "buffer.db")

@@ -133,20 +133,17 @@ class JsonlStorage:
         experiences = tuple(
             record_to_experience(record, where=f"{self.path} byte {offset}") for offset, _, record in taken
         )
-        return Claim(f"{start}:{end}", consumer, step, tuple(o for o, _, _ in taken), experiences)
+        return Claim(f"{consumer}:{start}:{end}", consumer, step, tuple(o for o, _, _ in taken), experiences)
 
-    def commit(self, claim: Claim | str, consumer: str = "trainer") -> None:
-        """Move the cursor to the end of ``claim``; a bare token needs its ``consumer``."""
-        if isinstance(claim, Claim):
-            token, consumer = claim.token, claim.consumer
-        else:
-            token = claim
+    def commit(self, claim: Claim | str) -> None:
+        token = claim.token if isinstance(claim, Claim) else claim
         try:
-            start, end = (int(x) for x in token.split(":"))
+            consumer, start_text, end_text = token.rsplit(":", 2)
+            start, end = int(start_text), int(end_text)
         except ValueError:
             raise StorageError(
-                f"experience storage {self.path}: {token!r} is not a JSONL claim token (START:END byte "
-                "offsets); commit only tokens that read() on this storage returned"
+                f"experience storage {self.path}: {token!r} is not a JSONL claim token (CONSUMER:START:END, "
+                "byte offsets); commit only tokens that read() on this storage returned"
             ) from None
         reader = self._reader(consumer)
         if end <= reader.cursor:
@@ -196,7 +193,8 @@ class JsonlStorage:
     def _scan(
         self, start: int, n: int | None, stop: int | None = None, decode: bool = True
     ) -> list[tuple[int, int, Any]]:
-        """Up to ``n`` experiences of complete writes from byte ``start``: ``(offset, end, record)``."""
+        """Up to ``n`` experiences of complete writes from byte ``start`` (to ``stop``, a position a reader
+        reached before): ``(offset, end, record)``."""
         if not self.path.exists():
             return []
         taken: list[tuple[int, int, Any]] = []
@@ -211,7 +209,7 @@ class JsonlStorage:
                 entry = _decode(line, self.path, offset, decode)
                 pending.append((offset, offset + len(line), entry))
                 offset += len(line)
-                if entry["last"]:
+                if entry["last"] or offset == stop:  # a reader stopped at ``stop`` before: complete
                     taken += pending
                     pending = []
         return taken if n is None else taken[:n]
@@ -275,7 +273,7 @@ class _Reader:
         except BlockingIOError:
             os.close(lock_fd)
             raise StorageError(
-                f"experience storage {path}: another process is reading it as consumer {consumer!r} "
+                f"experience storage {path}: another reader (process or JsonlStorage) reads it as consumer {consumer!r} "
                 f"(it holds {lock_path}); a JSONL storage has one reader per consumer name: stop that "
                 "process or use SqlStorage for several readers"
             ) from None

@@ -9,10 +9,9 @@ Design decisions:
   because that type refuses the NaN a metric may hold.
 - A claims table records every read (token, consumer, step, size, open/committed/released): it is what
   ``commit`` and ``recover`` act on, what makes ``commit`` idempotent, and the default step clock.
-- Claims are atomic across processes. SQLite: every transaction starts with ``BEGIN IMMEDIATE`` (one
-  writer at a time, WAL so readers never block, ``synchronous=FULL`` so a returned write survives power
-  loss too). PostgreSQL: ``SELECT ... FOR UPDATE SKIP LOCKED``, so concurrent readers take disjoint
-  rows without waiting for each other.
+- Claims are atomic across processes. SQLite: every transaction takes the write lock up front
+  (``BEGIN IMMEDIATE``, WAL, see ``sql_engine.py``). PostgreSQL: ``SELECT ... FOR UPDATE SKIP LOCKED``,
+  so concurrent readers take disjoint rows without waiting for each other.
 - FIFO order is id order. With several concurrent writers on PostgreSQL a smaller id can commit after a
   larger one and be served after it; nothing is lost or served twice.
 
@@ -31,13 +30,13 @@ import uuid
 import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
 from trivium.buffer.replay import FIFO, Fifo, ReadPolicy, ReplayPolicy
+from trivium.buffer.sql_engine import create_engine, explain, parse_url
 from trivium.buffer.storage import (
     STATUSES,
     Claim,
@@ -50,8 +49,6 @@ from trivium.types import Experience
 
 __all__ = ["SqlStorage"]
 
-SQLITE_BUSY_TIMEOUT_S = 60.0  # how long a transaction waits for another process's write lock
-PG_CONNECT_TIMEOUT_S = 10
 _TABLE_NAME = re.compile(r"[a-z_][a-z0-9_]{0,40}")
 
 
@@ -61,20 +58,24 @@ class SqlStorage:
     ``url``: a file path (SQLite, created with its folder if missing), ``sqlite:///path``, or a
     ``postgresql+psycopg2://`` URL. ``table`` names the experience table (claims and write keys go to
     ``{table}_claims`` and ``{table}_write_keys``), so several buffers can share one database.
+    A consumer name belongs to one live process at a time: ``recover(name)`` hands back *all* its open
+    claims. Open the storage after a fork, not before (a connection pool does not survive a fork).
     """
 
-    def __init__(self, url: str | os.PathLike[str], *, table: str = "experiences", poll_s: float = 0.05):
+    def __init__(
+        self, url: str | os.PathLike[str], *, table: str = "experiences", poll_s: float = 0.05
+    ) -> None:
         if not _TABLE_NAME.fullmatch(table):
             raise ValueError(
                 f"SqlStorage(table={table!r}): use 1-41 lower-case letters, digits and underscores, "
                 "starting with a letter or underscore"
             )
-        self.url = _parse_url(url)
+        self.url = parse_url(url)
         self.where = self.url.render_as_string(hide_password=True)
         self.table = table
         self.poll_s = poll_s
         self._rows, self._claims, self._keys = _tables(table)
-        self._engine = _create_engine(self.url, self.where)
+        self._engine = create_engine(self.url, self.where)
         self._create_schema()
 
     def __repr__(self) -> str:
@@ -100,12 +101,16 @@ class SqlStorage:
                     conn.execute(sa.insert(self._keys).values(key=key, written_at=now))
                 stmt = sa.insert(rows).returning(rows.c.id, sort_by_parameter_order=True)
                 return list(conn.execute(stmt, values).scalars())
-        except sa_exc.IntegrityError:
+        except sa_exc.IntegrityError as error:
             if key is None:
                 raise
+            conflict = error
         with self._begin(f"looking up write key {key!r}") as conn:
             stmt = sa.select(rows.c.id).where(rows.c.write_key == key).order_by(rows.c.id)
-            return list(conn.execute(stmt).scalars())
+            ids = list(conn.execute(stmt).scalars())
+        if not ids:
+            raise conflict  # not a repeated key: some other constraint failed
+        return ids
 
     def read(
         self,
@@ -263,7 +268,7 @@ class SqlStorage:
         rows = self._rows
         with self._begin("counting experiences") as conn:
             by_status = dict(
-                conn.execute(sa.select(rows.c.status, sa.func.count()).group_by(rows.c.status)).tuples()
+                conn.execute(sa.select(rows.c.status, sa.func.count()).group_by(rows.c.status)).all()
             )
             where, _, _ = _selection(rows, policy, self._next_step(conn, consumer) if step is None else step)
             eligible = conn.execute(sa.select(sa.func.count()).select_from(rows).where(*where)).scalar_one()
@@ -290,7 +295,7 @@ class SqlStorage:
             with self._engine.begin() as conn:
                 yield conn
         except sa_exc.OperationalError as error:
-            raise StorageError(_explain(self.url, self.where, doing, error)) from error
+            raise StorageError(explain(self.url, self.where, doing, error)) from error
 
 
 def _selection(rows: sa.Table, policy: ReadPolicy, step: int) -> tuple[list[Any], list[Any], int | None]:
@@ -370,91 +375,3 @@ def _tables(name: str) -> tuple[sa.Table, sa.Table, sa.Table]:
         sa.Column("written_at", sa.Float, nullable=False),
     )
     return rows, claims, keys
-
-
-def _parse_url(url: str | os.PathLike[str]) -> sa.URL:
-    if isinstance(url, os.PathLike) or "://" not in url:
-        path = Path(url).expanduser()
-        if not str(url).strip():
-            raise StorageError("experience storage: empty path; give a SQLite file path or a database URL")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise StorageError(
-                f"experience storage {path}: cannot create its folder ({error}); give a path in a "
-                "writable folder (by default the run folder)"
-            ) from error
-        return sa.URL.create("sqlite", database=str(path.resolve()))
-    try:
-        parsed = sa.make_url(url)
-    except (sa_exc.ArgumentError, ValueError) as error:
-        raise StorageError(
-            f"experience storage: {_mask(url)!r} is not a database URL ({error}); give a SQLite file "
-            "path, or a URL like postgresql+psycopg2://user:password@host:5432/database"
-        ) from error
-    backend = parsed.get_backend_name()
-    masked = parsed.render_as_string(hide_password=True)
-    if backend == "sqlite" and parsed.database in (None, "", ":memory:"):
-        raise StorageError(
-            f"experience storage {masked}: an in-memory SQLite database would vanish with the process "
-            "and differ between connections; give a file path (e.g. the run folder's buffer.db)"
-        )
-    if backend not in ("sqlite", "postgresql"):
-        hint = " (write postgresql://, not postgres://)" if backend == "postgres" else ""
-        raise StorageError(
-            f"experience storage {masked}: database {backend!r} is not supported{hint}; use a SQLite "
-            "file path or a postgresql+psycopg2:// URL"
-        )
-    return parsed
-
-
-def _create_engine(url: sa.URL, where: str) -> sa.Engine:
-    if url.get_backend_name() == "sqlite":
-        engine = sa.create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S})
-        sa.event.listen(engine, "connect", _sqlite_on_connect)
-        sa.event.listen(engine, "begin", _sqlite_on_begin)
-        return engine
-    connect_args = {}
-    if url.get_driver_name() == "psycopg2" and "connect_timeout" not in url.query:
-        connect_args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
-    try:
-        return sa.create_engine(url, pool_pre_ping=True, connect_args=connect_args)
-    except (ImportError, sa_exc.NoSuchModuleError) as error:
-        raise StorageError(
-            f"experience storage {where}: the database driver is missing ({error}); install it with "
-            "`pip install psycopg2-binary` for postgresql+psycopg2:// URLs"
-        ) from error
-
-
-def _sqlite_on_connect(dbapi_conn: Any, _record: Any) -> None:
-    dbapi_conn.isolation_level = None  # the driver must not BEGIN on its own: _sqlite_on_begin does
-    cursor = dbapi_conn.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=FULL")
-    cursor.close()
-
-
-def _sqlite_on_begin(conn: sa.Connection) -> None:
-    conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-
-def _explain(url: sa.URL, where: str, doing: str, error: sa_exc.OperationalError) -> str:
-    message = str(error.orig).strip()
-    if url.get_backend_name() == "sqlite":
-        if "locked" in message:
-            hint = (
-                f"another process held the write lock for over {SQLITE_BUSY_TIMEOUT_S:.0f} s; find it "
-                "(e.g. `fuser` on the file) or move the buffer to PostgreSQL for many writers"
-            )
-        else:
-            hint = "check that the folder exists and is writable and that the file is a SQLite database"
-    else:
-        hint = (
-            "check that the PostgreSQL server is running and reachable at that host and port, that the "
-            "database exists (createdb NAME) and that the user and password are right"
-        )
-    return f"experience storage {where}: {doing} failed: {message}. What to do: {hint}"
-
-
-def _mask(url: str) -> str:
-    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)

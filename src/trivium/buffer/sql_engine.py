@@ -1,0 +1,116 @@
+"""Open a SQLAlchemy engine on a SQLite file path or a database URL, set up for several processes.
+
+SQLite: every transaction starts with ``BEGIN IMMEDIATE`` (the driver's own BEGIN is switched off), so
+the first statement of a transaction already holds the write lock and two processes never interleave a
+read-then-update; WAL lets readers work while one process writes, and ``synchronous=FULL`` makes a
+returned commit survive power loss, not only a killed process. PostgreSQL: a connect timeout, so an
+unreachable server fails in seconds, and pre-ping, so a restarted server does not break the pool.
+
+Every error names the URL with its password masked and says what to do.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+
+from trivium.buffer.storage import StorageError
+
+__all__ = ["create_engine", "explain", "parse_url"]
+
+SQLITE_BUSY_TIMEOUT_S = 60.0  # how long a transaction waits for another process's write lock
+PG_CONNECT_TIMEOUT_S = 10
+
+
+def parse_url(url: str | os.PathLike[str]) -> sa.URL:
+    """A file path becomes a SQLite URL (its folder is created); a URL must name SQLite or PostgreSQL."""
+    if not str(url).strip():
+        raise StorageError("experience storage: empty path; give a SQLite file path or a database URL")
+    if isinstance(url, os.PathLike) or "://" not in url:
+        path = Path(url).expanduser()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise StorageError(
+                f"experience storage {path}: cannot create its folder ({error}); give a path in a "
+                "writable folder (by default the run folder)"
+            ) from error
+        return sa.URL.create("sqlite", database=str(path.resolve()))
+    try:
+        parsed = sa.make_url(url)
+    except (sa_exc.ArgumentError, ValueError) as error:
+        raise StorageError(
+            f"experience storage: {_mask(url)!r} is not a database URL ({error}); give a SQLite file "
+            "path, or a URL like postgresql+psycopg2://user:password@host:5432/database"
+        ) from error
+    backend = parsed.get_backend_name()
+    masked = parsed.render_as_string(hide_password=True)
+    if backend == "sqlite" and parsed.database in (None, "", ":memory:"):
+        raise StorageError(
+            f"experience storage {masked}: an in-memory SQLite database would vanish with the process "
+            "and differ between connections; give a file path (e.g. the run folder's buffer.db)"
+        )
+    if backend not in ("sqlite", "postgresql"):
+        hint = " (write postgresql://, not postgres://)" if backend == "postgres" else ""
+        raise StorageError(
+            f"experience storage {masked}: database {backend!r} is not supported{hint}; use a SQLite "
+            "file path or a postgresql+psycopg2:// URL"
+        )
+    return parsed
+
+
+def create_engine(url: sa.URL, where: str) -> sa.Engine:
+    if url.get_backend_name() == "sqlite":
+        engine = sa.create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S})
+        sa.event.listen(engine, "connect", _sqlite_on_connect)
+        sa.event.listen(engine, "begin", _sqlite_on_begin)
+        return engine
+    connect_args = {}
+    if url.get_driver_name() == "psycopg2" and "connect_timeout" not in url.query:
+        connect_args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
+    try:
+        return sa.create_engine(url, pool_pre_ping=True, connect_args=connect_args)
+    except (ImportError, sa_exc.NoSuchModuleError) as error:
+        raise StorageError(
+            f"experience storage {where}: the database driver is missing ({error}); install it with "
+            "`pip install psycopg2-binary` for postgresql+psycopg2:// URLs"
+        ) from error
+
+
+def _sqlite_on_connect(dbapi_conn: Any, _record: Any) -> None:
+    dbapi_conn.isolation_level = None  # the driver must not BEGIN on its own: _sqlite_on_begin does
+    cursor = dbapi_conn.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=FULL")
+    cursor.close()
+
+
+def _sqlite_on_begin(conn: sa.Connection) -> None:
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def explain(url: sa.URL, where: str, doing: str, error: sa_exc.OperationalError) -> str:
+    message = str(error.orig).strip()
+    if url.get_backend_name() == "sqlite":
+        if "locked" in message:
+            hint = (
+                f"another process held the write lock for over {SQLITE_BUSY_TIMEOUT_S:.0f} s; find it "
+                "(e.g. `fuser` on the file) or move the buffer to PostgreSQL for many writers"
+            )
+        else:
+            hint = "check that the folder exists and is writable and that the file is a SQLite database"
+    else:
+        hint = (
+            "check that the PostgreSQL server is running and reachable at that host and port, that the "
+            "database exists (createdb NAME) and that the user and password are right"
+        )
+    return f"experience storage {where}: {doing} failed: {message}. What to do: {hint}"
+
+
+def _mask(url: str) -> str:
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
