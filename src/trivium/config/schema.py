@@ -143,6 +143,31 @@ class PreferenceDatasetConfig(StrictModel):
     """Use only the first N rows."""
 
 
+class ReplayConfig(StrictModel):
+    version_weight: float = 1.0
+    """Priority gained per model version of an experience (newer first)."""
+    use_weight: float = 1.0
+    """Priority lost per time an experience was trained on."""
+    cooldown_steps: int = Field(0, ge=0)
+    """Steps before a trained experience may be served again."""
+    max_uses: int | None = Field(None, ge=1)
+    """Times an experience may be trained on; None = no limit."""
+
+
+class StorageConfig(StrictModel):
+    url: str = ""
+    """SQLite file path or SQLAlchemy URL (postgresql+psycopg2://user:pw@host/db); empty = buffer.sqlite in
+    the run folder."""
+    table: str = "experiences"
+    """Table name, so that several buffers can share one database."""
+    policy: Literal["fifo", "replay"] = "fifo"
+    """fifo: every experience trained exactly once, in order; replay: by priority (see replay)."""
+    replay: ReplayConfig = Field(default_factory=ReplayConfig)
+    """Priority replay settings (policy replay)."""
+    read_timeout_s: float = Field(600.0, gt=0)
+    """The trainer gives up when no batch arrives for this long (is the explore process running?)."""
+
+
 class BufferConfig(StrictModel):
     batch_size: int = Field(16, ge=1)
     """Tasks per explore step (online modes) or examples per train step (train mode)."""
@@ -162,6 +187,8 @@ class BufferConfig(StrictModel):
     """Expert demonstrations mixed into RL batches (CHORD, algorithm_type mix_chord)."""
     expert_per_step: int = Field(0, ge=0)
     """Expert sequences added to every RL train batch from expert_dataset (e.g. 20% of the batch)."""
+    storage: StorageConfig | None = None
+    """Persistent experience buffer shared by separate explore and train processes."""
     queue_capacity: int = Field(0, ge=0)
     """Experiences the in-process queue holds before the explorer blocks; 0 = two train batches."""
 
@@ -289,8 +316,13 @@ class TrainerConfig(StrictModel):
 
 
 class SynchronizerConfig(StrictModel):
-    method: Literal["memory"] = "memory"
-    """How new weights reach the rollout model. memory: in-process copy with a version number."""
+    method: Literal["memory", "checkpoint"] = "memory"
+    """How new weights reach the rollout model. memory: in-process copy with a version number;
+    checkpoint: versioned safetensors in checkpoint_dir (separate explore and train processes)."""
+    checkpoint_dir: str = ""
+    """Folder of published weight versions (method checkpoint); empty = sync/ in the run folder."""
+    wait_timeout_s: float = Field(600.0, gt=0)
+    """An explore process gives up when the weights it must wait for do not arrive within this time."""
     sync_interval: int = Field(1, ge=1)
     """Trainer steps between weight syncs (1 = strictly on-policy)."""
     sync_offset: int = Field(0, ge=0)
@@ -331,9 +363,10 @@ class TriviumConfig(StrictModel):
     """Run name; the run folder is {checkpoint_root}/{project}/{name}."""
     checkpoint_root: str = "runs"
     """Root of run folders, relative to the working directory."""
-    mode: Literal["both", "train", "bench"] = "both"
-    """both: explorer + trainer (online RL); train: trainer only, from a dataset (SFT, DPO); bench: evaluate
-    the base model and checkpoints on the eval task sets."""
+    mode: Literal["both", "explore", "train", "bench"] = "both"
+    """both: explorer + trainer (online RL); explore: explorer only, writing buffer.storage; train: trainer
+    only, from a dataset (SFT, DPO) or from buffer.storage (online algorithms); bench: evaluate the base
+    model and checkpoints on the eval task sets."""
     seed: int = 0
     """Seed for Python, torch and data order."""
     model: ModelConfig = Field(default_factory=ModelConfig)

@@ -38,6 +38,14 @@ def resolve_paths(cfg: TriviumConfig, base_dir: Path) -> TriviumConfig:
     data["algorithm"]["critic"]["path"] = model_path(data["algorithm"]["critic"]["path"])
     if data["model"]["tiny"] is not None:
         data["model"]["tiny"]["corpus"] = [local(p) for p in data["model"]["tiny"]["corpus"]]
+    if (
+        data["buffer"]["storage"] is not None
+        and data["buffer"]["storage"]["url"]
+        and "://" not in data["buffer"]["storage"]["url"]
+    ):
+        data["buffer"]["storage"]["url"] = local(data["buffer"]["storage"]["url"])
+    if data["synchronizer"]["checkpoint_dir"]:
+        data["synchronizer"]["checkpoint_dir"] = local(data["synchronizer"]["checkpoint_dir"])
     if data["bench"]["checkpoint_dir"]:
         data["bench"]["checkpoint_dir"] = local(data["bench"]["checkpoint_dir"])
     buf = data["buffer"]
@@ -187,13 +195,13 @@ def _check_algorithm(cfg: TriviumConfig, at) -> list[Problem]:
                     f"use only the arguments '{name}' accepts",
                 )
             )
-    if preset.needs_rollouts and cfg.mode == "train":
+    if preset.needs_rollouts and cfg.mode == "train" and cfg.buffer.storage is None:
         out.append(
             Problem(
                 at("mode"),
                 cfg.mode,
                 f"algorithm '{preset.name}' learns from rollouts",
-                "use mode: both, or algorithm_type: sft for training from a dataset",
+                "use mode: both; or mode train with buffer.storage, fed by a separate explore process",
             )
         )
     if not preset.needs_rollouts and cfg.mode == "both":
@@ -211,7 +219,34 @@ def _check_data(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
 
     out = []
     buf = cfg.buffer
-    if cfg.mode == "both" and buf.taskset is None:
+    if cfg.mode == "explore" and buf.storage is None:
+        out.append(
+            Problem(
+                at("buffer.storage"),
+                None,
+                "mode 'explore' writes experiences to a persistent buffer",
+                "set buffer.storage (e.g. {} for a SQLite file in the run folder)",
+            )
+        )
+    if cfg.mode in ("explore", "train") and buf.storage is not None and cfg.synchronizer.sync_offset:
+        out.append(
+            Problem(
+                at("synchronizer.sync_offset"),
+                cfg.synchronizer.sync_offset,
+                "separate processes pace themselves by weight versions; sync_offset is not used",
+                "remove it (use sync_interval)",
+            )
+        )
+    if cfg.mode == "train" and buf.storage is not None and buf.taskset is None:
+        out.append(
+            Problem(
+                at("buffer.taskset"),
+                None,
+                "a train process fed by an explore process sizes its batches by the task set",
+                "use the explore process's config (with buffer.taskset) for both",
+            )
+        )
+    if cfg.mode in ("both", "explore") and buf.taskset is None:
         out.append(
             Problem(at("buffer.taskset"), None, "mode 'both' explores tasks", "set buffer.taskset.path")
         )
@@ -261,7 +296,7 @@ def _check_data(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
             )
         )
     tasksets: list[tuple[str, TaskSetConfig]] = []
-    if buf.taskset is not None and cfg.mode == "both":
+    if buf.taskset is not None and cfg.mode in ("both", "explore"):
         tasksets.append(("buffer.taskset", buf.taskset))
     tasksets += [(f"buffer.eval_tasksets[{i}]", ts) for i, ts in enumerate(buf.eval_tasksets)]
     for path, ts in tasksets:

@@ -184,3 +184,11 @@ def sample_strategy(cfg: TriviumConfig, tokenizer):
 
     name = cfg.algorithm.sample_strategy or get_preset(cfg.algorithm.algorithm_type).sample_strategy
     return SAMPLE_STRATEGIES.get(name)(cfg, tokenizer, **cfg.algorithm.sample_strategy_args)
+
+
+def storage(cfg: TriviumConfig, run_dir: Path):
+    """The persistent experience storage of ``buffer.storage`` (SQLite in the run folder by default)."""
+    from trivium.buffer.storage_sql import SqlStorage
+
+    s = cfg.buffer.storage
+    return SqlStorage(s.url or run_dir / "buffer.sqlite", table=s.table)

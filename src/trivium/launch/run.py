@@ -37,7 +37,11 @@ def run_dir_of(run: RunConfig) -> Path:
 
 def run(run_cfg: RunConfig, overwrite: bool = False) -> Path:
     run_dir = run_dir_of(run_cfg)
-    if (run_dir / METRICS_FILE).exists():
+    # An explore and a train process share one run folder: whichever starts second joins it.
+    shared = all(
+        s.config.buffer.storage is not None and s.config.mode in ("explore", "train") for s in run_cfg.stages
+    )
+    if (run_dir / METRICS_FILE).exists() and not shared:
         if not overwrite:
             raise RunFolderExists(
                 f"run folder {run_dir} already holds a run. Resuming a run is not available yet; start a new "
@@ -46,7 +50,9 @@ def run(run_cfg: RunConfig, overwrite: bool = False) -> Path:
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     resolved = {s.name: s.config.model_dump(mode="json") for s in run_cfg.stages}
-    (run_dir / "resolved_config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
+    modes = "-".join(sorted({s.config.mode for s in run_cfg.stages}))
+    name = "resolved_config.yaml" if not shared else f"resolved_config.{modes}.yaml"
+    (run_dir / name).write_text(yaml.safe_dump(resolved, sort_keys=False))
     _quiet_libraries()
     _seed_everything(run_cfg.config.seed)
     if not torch.cuda.is_available():
@@ -70,7 +76,7 @@ def _check_data(stage: Stage) -> None:
     from trivium.buffer.offline import PreferenceReader, SftReader
 
     cfg = stage.config
-    if cfg.mode == "both":
+    if cfg.mode in ("both", "explore"):
         build.task_reader(cfg.buffer.taskset, cfg.seed, is_eval=False)
     if cfg.mode == "train" and cfg.buffer.sft_dataset is not None:
         SftReader(cfg.buffer.sft_dataset, tokenizer=None, seed=cfg.seed)
@@ -99,9 +105,18 @@ def run_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunStat
         from trivium.launch.bench import bench_loop
 
         bench_loop(stage, run_dir, writer, state, _make_explorer)
-        return
-    loop = _online_loop if cfg.mode == "both" else _train_loop
-    loop(stage, run_dir, writer, state)
+    elif cfg.mode == "explore":
+        from trivium.launch.decoupled import explore_loop
+
+        explore_loop(stage, run_dir, writer, state, _make_explorer, _eval_due)
+    elif cfg.mode == "train" and cfg.buffer.storage is not None:
+        from trivium.launch.decoupled import train_from_storage_loop
+
+        train_from_storage_loop(stage, run_dir, writer, state, _make_trainer, _finish_step)
+    elif cfg.mode == "both":
+        _online_loop(stage, run_dir, writer, state)
+    else:
+        _train_loop(stage, run_dir, writer, state)
 
 
 def _make_trainer(cfg, state: RunState, total: int):
@@ -147,7 +162,7 @@ def _make_trainer(cfg, state: RunState, total: int):
     )
 
 
-def _make_explorer(cfg, state: RunState, taskset=None, queue=None):
+def _make_explorer(cfg, state: RunState, taskset=None, queue=None):  # queue: anything with put(experiences)
     from trivium.explorer.explorer import Explorer
 
     rollout_params, eval_params = build.sampling_params(cfg)

@@ -1,0 +1,52 @@
+"""An explore process and a train process on one run folder: SQLite buffer and checkpoint weight sync."""
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from trivium.buffer.storage_sql import SqlStorage
+from trivium.monitor.metrics import read_metrics
+
+
+@pytest.mark.integration
+def test_explore_and_train_processes_learn_together(tmp_path, tiny_model_dir, word_problem_dir):
+    cfg = {
+        "project": "decoupled",
+        "name": "pair",
+        "checkpoint_root": str(tmp_path / "runs"),
+        "model": {"path": str(tiny_model_dir)},
+        "explorer": {"rollout": {"max_tokens": 6}, "eval_interval": 2, "eval_at_start": False},
+        "monitor": {"progress_bar": False},
+        "synchronizer": {"method": "checkpoint", "sync_interval": 1, "wait_timeout_s": 120},
+        "buffer": {
+            "batch_size": 2,
+            "total_steps": 4,
+            "storage": {"read_timeout_s": 120},
+            "taskset": {"path": str(word_problem_dir / "train.jsonl"), "repeat_times": 3},
+            "eval_tasksets": [{"path": str(word_problem_dir / "test.jsonl"), "name": "test", "max_rows": 4}],
+        },
+    }
+    path = tmp_path / "pair.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    cmd = [sys.executable, "-m", "trivium.cli", "run", "-c", str(path), "--set"]
+    explore = subprocess.Popen([*cmd, "mode=explore"], stderr=subprocess.PIPE, text=True)
+    train = subprocess.run([*cmd, "mode=train"], capture_output=True, text=True, timeout=300)
+    _, explore_err = explore.communicate(timeout=300)
+    assert train.returncode == 0, train.stderr[-3000:]
+    assert explore.returncode == 0, explore_err[-3000:]
+
+    run_dir = tmp_path / "runs" / "decoupled" / "pair"
+    records = read_metrics(run_dir)
+    explore_steps = [r for r in records if r.get("role") == "explore"]
+    train_steps = [r for r in records if r.get("role") == "train"]
+    assert [r["step"] for r in explore_steps] == [1, 2, 3, 4]
+    assert [r["step"] for r in train_steps] == [1, 2, 3, 4]
+    # strictly on-policy across processes: explore step s sampled with the weights of train step s - 1
+    assert [r["rollout/model_version"] for r in explore_steps] == [0, 1, 2, 3]
+    assert all(r["staleness/max"] == 0 for r in train_steps)
+    storage = SqlStorage(run_dir / "buffer.sqlite")
+    assert storage.count("consumed") == 4 * 2 * 3 and storage.count("ready") == 0  # each trained once
+    storage.close()
+    assert any("eval/test/accuracy" in r for r in explore_steps)
