@@ -25,6 +25,12 @@ def main(argv: list[str] | None = None) -> int:
         help="override a field, e.g. --set trainer.lr=1e-5 (repeatable)",
     )
     p.add_argument("--overwrite", action="store_true", help="delete an existing run folder of the same name")
+    p.add_argument(
+        "--no-resume",
+        action="store_true",
+        help="refuse a run folder that already holds a run (by default the run continues from its "
+        "newest checkpoint)",
+    )
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("check-config", help="validate a config and print it resolved, or list its problems")
@@ -74,7 +80,7 @@ def _cmd_run(args) -> int:
     from trivium.launch.run import RunFolderExists, run
 
     try:
-        run_dir = run(run_cfg, overwrite=args.overwrite)
+        run_dir = run(run_cfg, overwrite=args.overwrite, resume=not args.no_resume)
     except (RunFolderExists, TaskDataError) as exc:  # user errors: the message says what to do
         print(exc, file=sys.stderr)
         return 2

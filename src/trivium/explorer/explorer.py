@@ -58,6 +58,20 @@ class Explorer:
         self.next_group_id = 0
         self.failed_tasks = 0
 
+    def state_dict(self) -> dict:
+        """Task-set position, group-id counter and the engine's sampling RNG (for exact resume)."""
+        return {
+            "taskset": None if self.taskset is None else self.taskset.state_dict(),
+            "next_group_id": self.next_group_id,
+            "sampler": self.model.engine.sampler_state(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.taskset is not None and state["taskset"] is not None:
+            self.taskset.load_state_dict(state["taskset"])
+        self.next_group_id = state["next_group_id"]
+        self.model.engine.load_sampler_state(state["sampler"])
+
     def explore_step(self, step: int) -> dict[str, float]:
         """Run one batch of tasks, write their experiences to the queue, return rollout metrics.
 

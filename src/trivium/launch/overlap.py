@@ -75,13 +75,13 @@ def staleness_filter(
 
 
 class ExplorerThread:
-    """Runs ``explorer.explore_step`` for steps 1..total in a thread, each when the gate allows it."""
+    """Runs ``explorer.explore_step`` for steps done+1..total in a thread, each when the gate allows it."""
 
     def __init__(
         self,
         explorer,
         gate: VersionGate,
-        total: int,
+        steps: tuple[int, int],  # (done, total): done > 0 when resuming
         interval: int,
         offset: int,
         start_version: int,
@@ -89,7 +89,8 @@ class ExplorerThread:
     ):
         self.explorer = explorer
         self.gate = gate
-        self.total, self.interval, self.offset, self.start_version = total, interval, offset, start_version
+        (self.done, self.total), self.interval, self.offset = steps, interval, offset
+        self.start_version = start_version
         self.on_eval = on_eval
         self.results: queue_lib.Queue = queue_lib.Queue()  # (step, metrics) or (step, exception)
         self._eval_requests: queue_lib.Queue = queue_lib.Queue()
@@ -116,19 +117,22 @@ class ExplorerThread:
             )
 
     def _run(self) -> None:
-        for step in range(1, self.total + 1):
+        for step in range(self.done + 1, self.total + 1):
             try:
                 if not self.gate.wait_for(
                     required_version(step, self.interval, self.offset, self.start_version)
                 ):
                     return
                 self._serve_evals()
-                self.results.put((step, self.explorer.explore_step(step)))
+                metrics = self.explorer.explore_step(step)
+                # the explorer's state right after this step: what a checkpoint of train step `step` records
+                self.results.put((step, (metrics, self.explorer.state_dict())))
             except BaseException as exc:  # the trainer thread re-raises it
                 self.results.put((step, exc))
                 return
 
-    def next_result(self, step: int) -> dict[str, float]:
+    def next_result(self, step: int) -> tuple[dict[str, float], dict]:
+        """``(metrics, explorer state right after the step)`` of explore step ``step``."""
         got, result = self.results.get()
         if isinstance(result, BaseException):
             raise RuntimeError(f"the explorer thread failed at explore step {got}") from result

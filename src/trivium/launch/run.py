@@ -17,8 +17,10 @@ import torch
 import yaml
 
 from trivium.config.load import RunConfig, Stage
+from trivium.faults import maybe_die
 from trivium.launch import build
 from trivium.launch.overlap import ExplorerThread, VersionGate, staleness_filter
+from trivium.launch.resume import ResumePoint, find_resume_point, truncate_metrics
 from trivium.monitor.metrics import METRICS_FILE, MetricsWriter, Progress
 from trivium.trainer.checkpoint import prune_checkpoints, save_checkpoint
 from trivium.trainer.trainer import AlgorithmSpec, Trainer
@@ -35,19 +37,28 @@ def run_dir_of(run: RunConfig) -> Path:
     return Path(c.checkpoint_root) / c.project / c.name
 
 
-def run(run_cfg: RunConfig, overwrite: bool = False) -> Path:
+def run(run_cfg: RunConfig, overwrite: bool = False, resume: bool = True) -> Path:
+    """Run every stage; on a run folder that already holds a run, continue it from its newest checkpoint."""
     run_dir = run_dir_of(run_cfg)
     # An explore and a train process share one run folder: whichever starts second joins it.
     shared = all(
         s.config.buffer.storage is not None and s.config.mode in ("explore", "train") for s in run_cfg.stages
     )
+    names = [s.name for s in run_cfg.stages]
+    point = None
     if (run_dir / METRICS_FILE).exists() and not shared:
-        if not overwrite:
+        if overwrite:
+            shutil.rmtree(run_dir)
+        elif not resume:
             raise RunFolderExists(
-                f"run folder {run_dir} already holds a run. Resuming a run is not available yet; start a new "
-                f"one with --set name=<new name>, or replace this one with --overwrite."
+                f"run folder {run_dir} already holds a run and --no-resume was given: continue it (drop "
+                f"--no-resume), replace it (--overwrite), or start another (--set name=<new name>)"
             )
-        shutil.rmtree(run_dir)
+        else:
+            point = find_resume_point(run_dir, names)
+            if point is None:
+                log.warning("run folder %s has no complete checkpoint to resume from: starting over", run_dir)
+                shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     resolved = {s.name: s.config.model_dump(mode="json") for s in run_cfg.stages}
     modes = "-".join(sorted({s.config.mode for s in run_cfg.stages}))
@@ -60,10 +71,23 @@ def run(run_cfg: RunConfig, overwrite: bool = False) -> Path:
 
     for stage in run_cfg.stages:  # every stage's data is read and checked before any model is loaded
         _check_data(stage)
-    writer = MetricsWriter(run_dir)
     state = RunState()
+    if point is not None:
+        dropped = truncate_metrics(run_dir, point.global_step)
+        log.info(
+            "resuming %s from %s (stage %s, step %d); %d metric records after it dropped",
+            run_dir,
+            point.path,
+            point.stage,
+            point.step,
+            dropped,
+        )
+        state.resume = point
+    writer = MetricsWriter(run_dir)
     try:
-        for stage in run_cfg.stages:
+        for i, stage in enumerate(run_cfg.stages):
+            if point is not None and i < point.stage_index:
+                continue  # finished before the checkpoint we resume from
             run_stage(stage, run_dir, writer, state)
     finally:
         writer.close()
@@ -94,11 +118,26 @@ class RunState:
     tokenizer: object | None = None
     global_step: int = 0
     version: int = 0
+    resume: ResumePoint | None = None  # set until the stage it points into has picked it up
+
+    def take_resume(self, cfg) -> tuple[int, dict | None]:
+        """The stage's first step to skip to and the saved state, restoring weights, step and version."""
+        point, self.resume = self.resume, None
+        if point is None:
+            return 0, None
+        self.model, self.tokenizer = build.load_policy(str(point.path / "model"), cfg)
+        self.global_step, self.version = point.global_step, point.version
+        saved = point.trainer_state()
+        rng = saved.get("rng", {})
+        if "python" in rng:
+            random.setstate(rng["python"])
+            torch.set_rng_state(rng["torch"])
+        return point.step, saved
 
 
 def run_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunState) -> None:
     cfg = stage.config
-    if state.model is None and cfg.mode != "bench":
+    if state.model is None and state.resume is None and cfg.mode != "bench":
         path = build.ensure_model(cfg, run_dir)
         state.model, state.tokenizer = build.load_policy(path, cfg)
     if cfg.mode == "bench":
@@ -183,17 +222,22 @@ def _make_explorer(cfg, state: RunState, taskset=None, queue=None):  # queue: an
 
 
 def _online_loop(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunState) -> None:
-    from trivium.buffer.queue import ExperienceQueue
-
     cfg = stage.config
     taskset = build.task_reader(cfg.buffer.taskset, cfg.seed, is_eval=False)
     total = build.total_steps(cfg, len(taskset))
     per_step = cfg.buffer.batch_size * cfg.buffer.taskset.repeat_times
     sync = cfg.synchronizer
-    queue = ExperienceQueue(cfg.buffer.queue_capacity or (2 + sync.sync_offset) * per_step)
-    explorer = _make_explorer(cfg, state, taskset, queue)
+    done, saved = state.take_resume(cfg)
+    if done >= total:
+        return
+    feed = _feed(cfg, run_dir, per_step)
+    explorer = _make_explorer(cfg, state, taskset, feed)
     trainer = _make_trainer(cfg, state, total)
     strategy = build.sample_strategy(cfg, state.tokenizer)
+    if saved is not None:
+        trainer.load_state_dict(saved)
+        explorer.load_state_dict(saved["resume"]["explorer"])
+        feed.resume(saved["resume"].get("claims", []))
     log.info(
         "stage %s: online RL (%s), %d steps of %d tasks x %d samples, sync every %d step(s), offset %d",
         stage.name,
@@ -204,16 +248,17 @@ def _online_loop(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunS
         sync.sync_interval,
         sync.sync_offset,
     )
-    progress = Progress(stage.name, total, enabled=cfg.monitor.progress_bar)
-    _maybe_eval_at_start(cfg, explorer, stage, writer, state, progress)
-    start_version = state.version
+    progress = Progress(stage.name, total, initial=done, enabled=cfg.monitor.progress_bar)
+    if saved is None:
+        _maybe_eval_at_start(cfg, explorer, stage, writer, state, progress)
+    start_version = state.version - done
     ahead = None
     if sync.sync_offset > 0:  # the explorer runs ahead in its own thread (see launch/overlap.py)
         gate = VersionGate(start_version)
         ahead = ExplorerThread(
             explorer,
             gate,
-            total,
+            (done, total),
             sync.sync_interval,
             sync.sync_offset,
             start_version,
@@ -221,14 +266,20 @@ def _online_loop(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunS
         )
         ahead.start()
     try:
-        for step in range(1, total + 1):
-            record = ahead.next_result(step) if ahead else explorer.explore_step(step)
-            experiences = strategy(queue.get(int(record["rollout/experiences"])), step)
+        for step in range(done + 1, total + 1):
+            if ahead:
+                record, explorer_state = ahead.next_result(step)
+            else:
+                record = explorer.explore_step(step)
+                explorer_state = explorer.state_dict()
+            maybe_die("explore", step)
+            experiences = strategy(feed.take(int(record["rollout/experiences"]), step), step)
             experiences, stale = staleness_filter(
                 experiences, start_version + step - 1, sync.max_staleness, sync.staleness_policy
             )
             record.update(stale)
             record.update(trainer.train_step(experiences) if experiences else {"train/skipped_steps": 1.0})
+            maybe_die("train", step)
             if step % sync.sync_interval == 0 or step == total:
                 state.version = start_version + step
                 explorer.model.update_weights(trainer.model.state_dict(), state.version)
@@ -247,6 +298,8 @@ def _online_loop(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunS
                 state,
                 progress,
                 evaluate=ahead is None or step == total,
+                resume={"explorer": explorer_state, "claims": feed.open_claims()},
+                on_saved=feed.checkpointed,
             )
             if ahead and step < total and _eval_due(cfg, step, total):
                 ahead.request_eval(step)
@@ -254,7 +307,20 @@ def _online_loop(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunS
         if ahead:
             ahead.gate.stop()
             ahead.join()
+        feed.close()
     progress.close()
+
+
+def _feed(cfg, run_dir: Path, per_step: int):
+    """The explorer-to-trainer channel: the persistent storage when configured, else an in-process queue."""
+    from trivium.buffer.feed import MemoryFeed, StorageFeed
+    from trivium.buffer.queue import ExperienceQueue
+
+    if cfg.buffer.storage is not None:
+        return StorageFeed(build.storage(cfg, run_dir), timeout_s=cfg.buffer.storage.read_timeout_s)
+    return MemoryFeed(
+        ExperienceQueue(cfg.buffer.queue_capacity or (2 + cfg.synchronizer.sync_offset) * per_step)
+    )
 
 
 def _train_loop(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunState) -> None:
@@ -266,8 +332,15 @@ def _train_loop(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunSt
     else:
         data = SftReader(cfg.buffer.sft_dataset, state.tokenizer, seed=cfg.seed)
     total = build.total_steps(cfg, len(data))
+    done, saved = state.take_resume(cfg)
+    if done >= total:
+        return
+    data.tokenizer = state.tokenizer
     trainer = _make_trainer(cfg, state, total)
     explorer = _make_explorer(cfg, state) if cfg.buffer.eval_tasksets else None
+    if saved is not None:
+        trainer.load_state_dict(saved)
+        data.load_state_dict(saved["resume"]["data"])
     log.info(
         "stage %s: %s from %s, %d steps of %d examples",
         stage.name,
@@ -276,14 +349,29 @@ def _train_loop(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunSt
         total,
         cfg.buffer.batch_size,
     )
-    progress = Progress(stage.name, total, enabled=cfg.monitor.progress_bar)
-    _maybe_eval_at_start(cfg, explorer, stage, writer, state, progress)
-    for step in range(1, total + 1):
+    progress = Progress(stage.name, total, initial=done, enabled=cfg.monitor.progress_bar)
+    if saved is None:
+        _maybe_eval_at_start(cfg, explorer, stage, writer, state, progress)
+    for step in range(done + 1, total + 1):
         record = trainer.train_step(data.next_batch(cfg.buffer.batch_size))
         if data.skipped_rows:
             record["train/skipped_rows"] = float(data.skipped_rows)
+        maybe_die("train", step)
         state.version = trainer.step
-        _finish_step(cfg, stage, step, total, record, explorer, trainer, run_dir, writer, state, progress)
+        _finish_step(
+            cfg,
+            stage,
+            step,
+            total,
+            record,
+            explorer,
+            trainer,
+            run_dir,
+            writer,
+            state,
+            progress,
+            resume={"data": data.state_dict()},
+        )
     progress.close()
 
 
@@ -301,26 +389,42 @@ def _eval_due(cfg, step: int, total: int) -> bool:
 
 
 def _finish_step(
-    cfg, stage, step, total, record, explorer, trainer, run_dir, writer, state, progress, evaluate=True
+    cfg,
+    stage,
+    step,
+    total,
+    record,
+    explorer,
+    trainer,
+    run_dir,
+    writer,
+    state,
+    progress,
+    evaluate=True,
+    resume=None,
+    on_saved=None,
 ) -> None:
-    """Evaluate (when due and ``evaluate``) and save when due, then log the step's record."""
+    """Evaluate when due, log the step's record, then save a checkpoint when due.
+
+    The record is written before the checkpoint: a crash between the two leaves a record that the resumed
+    run drops and writes again, never a checkpoint whose step has no record. ``resume`` is what the loop
+    needs to continue exactly from this step; ``on_saved`` runs once the checkpoint is on disk.
+    """
     if evaluate and explorer is not None and _eval_due(cfg, step, total):
         if cfg.mode == "train":  # the eval engine follows the trainer only when it evaluates
             explorer.model.update_weights(trainer.model.state_dict(), state.version)
         record.update(explorer.evaluate())
-    if step == total or (cfg.trainer.save_interval and step % cfg.trainer.save_interval == 0):
-        folder = run_dir / "checkpoints" / stage.name / f"step_{step}"
-        meta = {
-            "stage": stage.name,
-            "step": step,
-            "global_step": state.global_step + 1,
-            "version": state.version,
-        }
-        save_checkpoint(folder, trainer.model, state.tokenizer, trainer.state_dict(), meta)
-        prune_checkpoints(folder.parent, cfg.trainer.keep_checkpoints)
     state.global_step += 1
     writer.write({"stage": stage.name, "step": step, "global_step": state.global_step, **record})
     progress.update(record)
+    if step == total or (cfg.trainer.save_interval and step % cfg.trainer.save_interval == 0):
+        folder = run_dir / "checkpoints" / stage.name / f"step_{step}"
+        meta = {"stage": stage.name, "step": step, "global_step": state.global_step, "version": state.version}
+        trainer_state = {**trainer.state_dict(), "resume": resume or {}}
+        save_checkpoint(folder, trainer.model, state.tokenizer, trainer_state, meta)
+        prune_checkpoints(folder.parent, cfg.trainer.keep_checkpoints)
+        if on_saved is not None:
+            on_saved()
 
 
 def _quiet_libraries() -> None:

@@ -148,6 +148,16 @@ class TransformersEngine:
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.model.state_dict()
 
+    def sampler_state(self) -> dict:
+        """The sampling RNG: with the same weights, what a resumed run needs to sample the same tokens.
+
+        The weights version is not part of it: it belongs to whoever loads the weights.
+        """
+        return {"generator": self.generator.get_state()}
+
+    def load_sampler_state(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])
+
     # ------------------------------------------------------------------------------------------ decode loop
     def _decode(
         self, prompts: list[list[int]], params: SamplingParams

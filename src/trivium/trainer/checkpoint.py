@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from trivium.faults import maybe_die
+
 MODEL_DIR = "model"
 STATE_FILE = "trainer_state.pt"
 META_FILE = "meta.json"
@@ -37,6 +39,7 @@ def save_checkpoint(
         rng["cuda"] = torch.cuda.get_rng_state_all()
     torch.save({**trainer_state, "rng": rng}, tmp / STATE_FILE)
     (tmp / META_FILE).write_text(json.dumps({**meta, "saved_at": time.time()}, indent=1))
+    maybe_die("checkpoint", int(meta.get("step", -1)))
     if folder.exists():
         shutil.rmtree(folder)
     os.replace(tmp, folder)

@@ -109,3 +109,7 @@ class Critic:
 
     def state_dict(self) -> dict:
         return {"model": self.model.state_dict(), **self.optim.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optim.load_state_dict(state)

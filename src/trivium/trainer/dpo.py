@@ -81,3 +81,7 @@ class DpoTrainer:
 
     def state_dict(self) -> dict:
         return {"step": self.step, **self.optim.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = state["step"]
+        self.optim.load_state_dict(state)

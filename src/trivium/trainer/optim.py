@@ -45,10 +45,12 @@ class Optimization:
         self.cfg = cfg if lr is None else cfg.model_copy(update={"lr": lr})
         self.optimizer = build_optimizer(model.parameters(), self.cfg)
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
+        self.planned_updates = 0
 
     def plan(self, total_updates: int) -> None:
         if self.scheduler is None:
-            self.scheduler = build_scheduler(self.optimizer, max(1, total_updates), self.cfg)
+            self.planned_updates = max(1, total_updates)
+            self.scheduler = build_scheduler(self.optimizer, self.planned_updates, self.cfg)
 
     @property
     def lr(self) -> float:
@@ -72,4 +74,13 @@ class Optimization:
         return {
             "optimizer": self.optimizer.state_dict(),
             "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+            "planned_updates": self.planned_updates,
         }
+
+    def load_state_dict(self, state: dict) -> None:
+        # The schedule first: building it sets every group's lr to the step-0 value, which the optimizer's
+        # saved state (with the lr it had when saved) must then overwrite.
+        if state.get("scheduler") is not None:
+            self.plan(state["planned_updates"])
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.optimizer.load_state_dict(state["optimizer"])

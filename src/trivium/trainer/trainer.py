@@ -331,3 +331,13 @@ class Trainer:
         if self.kl_penalty is not None:
             state["kl_penalty"] = self.kl_penalty.state_dict()
         return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state_dict()`` (the model's weights are loaded separately, from the checkpoint)."""
+        self.step = state["step"]
+        self.optim.load_state_dict(state)
+        self.generator.set_state(state["generator"])
+        if self.critic is not None:
+            self.critic.load_state_dict(state["critic"])
+        if self.kl_penalty is not None:
+            self.kl_penalty.load_state_dict(state["kl_penalty"])

@@ -1,0 +1,81 @@
+"""How a stage's experiences travel from explorer to trainer: an in-process queue or a persistent storage.
+
+Both offer ``put`` (explorer side) and ``take`` (trainer side). The storage feed claims what it hands
+out and commits the claims only once the trainer's checkpoint that includes them is on disk
+(``checkpointed``): after a crash, ``resume`` commits the claims the checkpoint recorded and hands every
+other claim back, so each experience is trained into the resumed model exactly once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from trivium.types import Experience
+
+
+class MemoryFeed:
+    """The in-process bounded queue; nothing survives the process (a resumed step is sampled again)."""
+
+    def __init__(self, queue):
+        self.queue = queue
+
+    def put(self, experiences: Sequence[Experience]) -> None:
+        self.queue.put(experiences)
+
+    def take(self, n: int, step: int) -> list[Experience]:
+        return self.queue.get(n)
+
+    def open_claims(self) -> list[str]:
+        return []
+
+    def checkpointed(self) -> None:
+        pass
+
+    def resume(self, claims: Sequence[str]) -> None:
+        pass
+
+    def close(self) -> None:
+        self.queue.close()
+
+
+class StorageFeed:
+    """A persistent storage: explore steps written under a key (idempotent), batches claimed then committed."""
+
+    def __init__(self, storage, *, consumer: str = "trainer", policy=None, timeout_s: float = 600.0):
+        from trivium.buffer.replay import FIFO
+
+        self.storage = storage
+        self.consumer = consumer
+        self.policy = policy or FIFO
+        self.timeout_s = timeout_s
+        self._open: list[str] = []
+
+    def put(self, experiences: Sequence[Experience]) -> None:
+        if experiences:
+            self.storage.write(experiences, key=f"explore:{experiences[0].explore_step}")
+
+    def take(self, n: int, step: int) -> list[Experience]:
+        claim = self.storage.read(
+            n, policy=self.policy, consumer=self.consumer, step=step, timeout=self.timeout_s
+        )
+        self._open.append(claim.token)
+        return list(claim.experiences)
+
+    def open_claims(self) -> list[str]:
+        """Claims trained on since the last checkpoint: the next checkpoint records them."""
+        return list(self._open)
+
+    def checkpointed(self) -> None:
+        """The checkpoint recording ``open_claims()`` is durable: commit them."""
+        for token in self._open:
+            self.storage.commit(token)
+        self._open.clear()
+
+    def resume(self, claims: Sequence[str]) -> int:
+        """After a restart: commit what the checkpoint trained on, hand back every other claim."""
+        for token in claims:
+            self.storage.commit(token)
+        return self.storage.recover(self.consumer)
+
+    def close(self) -> None:
+        self.storage.close()

@@ -1,0 +1,69 @@
+"""Exact resume: find the newest complete checkpoint of a run folder and continue from it.
+
+A checkpoint folder ``checkpoints/{stage}/step_N`` is complete once it exists (it is renamed into place
+only after everything is written). It holds the model, the trainer state (optimizer, schedule, RNG,
+critic, KL controller) and under ``resume`` what the loops need: the explorer's task position, group-id
+counter and sampling RNG, the dataset position, and the storage claims trained into it. Metrics records
+written after that checkpoint are dropped from ``metrics.jsonl``: the resumed run writes them again.
+
+The resume tests crash real runs at named points with ``trivium.faults`` (``TRIVIUM_KILL_AT``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trivium.monitor.metrics import METRICS_FILE
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    stage_index: int
+    stage: str
+    step: int  # the last completed step of that stage
+    global_step: int
+    version: int
+    path: Path  # the checkpoint folder
+
+    def trainer_state(self) -> dict[str, Any]:
+        return torch.load(self.path / "trainer_state.pt", weights_only=False)
+
+
+def find_resume_point(run_dir: Path, stage_names: list[str]) -> ResumePoint | None:
+    best = None
+    for meta_file in (run_dir / "checkpoints").glob("*/step_*/meta.json"):
+        if meta_file.parent.name.endswith(".tmp"):
+            continue
+        meta = json.loads(meta_file.read_text())
+        if meta.get("stage") not in stage_names:
+            continue
+        point = ResumePoint(
+            stage_index=stage_names.index(meta["stage"]),
+            stage=meta["stage"],
+            step=meta["step"],
+            global_step=meta["global_step"],
+            version=meta["version"],
+            path=meta_file.parent,
+        )
+        if best is None or (point.global_step, point.stage_index) > (best.global_step, best.stage_index):
+            best = point
+    return best
+
+
+def truncate_metrics(run_dir: Path, global_step: int) -> int:
+    """Keep the records up to ``global_step``; returns how many were dropped."""
+    path = run_dir / METRICS_FILE
+    if not path.exists():
+        return 0
+    lines = [x for x in path.read_text().splitlines() if x.strip()]
+    kept = [x for x in lines if json.loads(x).get("global_step", 0) <= global_step]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(x + "\n" for x in kept))
+    os.replace(tmp, path)
+    return len(lines) - len(kept)
