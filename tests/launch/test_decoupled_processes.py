@@ -50,3 +50,55 @@ def test_explore_and_train_processes_learn_together(tmp_path, tiny_model_dir, wo
     assert storage.count("consumed") == 4 * 2 * 3 and storage.count("ready") == 0  # each trained once
     storage.close()
     assert any("eval/test/accuracy" in r for r in explore_steps)
+
+
+@pytest.mark.integration
+def test_killed_explore_and_train_processes_resume_exactly_once(tmp_path, tiny_model_dir, word_problem_dir):
+    import os
+
+    cfg = {
+        "project": "decoupled",
+        "name": "crash",
+        "checkpoint_root": str(tmp_path / "runs"),
+        "model": {"path": str(tiny_model_dir)},
+        "explorer": {"rollout": {"max_tokens": 6}, "eval_interval": 0, "eval_at_start": False},
+        "monitor": {"progress_bar": False},
+        "synchronizer": {"method": "checkpoint", "sync_interval": 1, "wait_timeout_s": 120},
+        "trainer": {"save_interval": 1},
+        "buffer": {
+            "batch_size": 2,
+            "total_steps": 5,
+            "storage": {"read_timeout_s": 120},
+            "taskset": {"path": str(word_problem_dir / "train.jsonl"), "repeat_times": 3},
+        },
+    }
+    path = tmp_path / "crash.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+
+    def start(mode, kill_at=""):
+        env = {**os.environ, "TRIVIUM_KILL_AT": kill_at}
+        return subprocess.Popen(
+            [sys.executable, "-m", "trivium.cli", "run", "-c", str(path), "--set", f"mode={mode}"],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    explore, train = start("explore", "explore:3"), start("train", "train:2")
+    assert train.wait(timeout=300) == -9  # killed after training step 2, before its checkpoint
+    train = start("train")  # restarted while the explorer waits for weights version 2
+    assert explore.wait(timeout=300) == -9  # killed after writing explore step 3
+    explore = start("explore")
+    _, train_err = train.communicate(timeout=300)
+    _, explore_err = explore.communicate(timeout=300)
+    assert train.returncode == 0, train_err[-3000:]
+    assert explore.returncode == 0, explore_err[-3000:]
+
+    storage = SqlStorage(tmp_path / "runs" / "decoupled" / "crash" / "buffer.sqlite")
+    assert storage.count() == 5 * 2 * 3  # the re-run explore step 3 stored nothing twice
+    assert storage.count("consumed") == 5 * 2 * 3  # every experience trained exactly once
+    storage.close()
+    train_steps = [
+        r["step"] for r in read_metrics(tmp_path / "runs" / "decoupled" / "crash") if r.get("role") == "train"
+    ]
+    assert sorted(set(train_steps)) == [1, 2, 3, 4, 5]

@@ -7,17 +7,23 @@ The explore process samples step s with weights of version >= k * floor((s - 1) 
 waiting for the train process to publish them (``CheckpointSync``); with ``synchronizer.method: memory``
 it never waits and keeps its starting weights (pure data generation). Each explore step is written with
 the key ``explore:{s}``, so an explore process that re-runs a step after a crash stores nothing twice.
-The train process claims ``batch_size x repeat_times`` experiences per step, trains, commits the claim,
-and publishes weights every k steps. Both append to the run folder's ``metrics.jsonl`` (records carry
+The train process claims ``batch_size x repeat_times`` experiences per step, trains, publishes weights
+every k steps, and commits its claims once a checkpoint that includes them is on disk. Either process
+can be killed and restarted: the train process continues from its newest checkpoint (claims after it
+go back to the buffer), the explore process after its last written step (``explore_state.{stage}.pt``). Both append to the run folder's ``metrics.jsonl`` (records carry
 ``role``); the explore process evaluates.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 
+import torch
+
+from trivium.faults import maybe_die
 from trivium.launch import build
 from trivium.launch.overlap import required_version, staleness_filter
 
@@ -51,12 +57,22 @@ def explore_loop(stage, run_dir: Path, writer, state, make_explorer, eval_due) -
     explorer = make_explorer(cfg, state, taskset, StorageSink(storage))
     sync = checkpoint_sync(cfg, run_dir) if cfg.synchronizer.method == "checkpoint" else None
     k = cfg.synchronizer.sync_interval
-    progress = Progress(f"{stage.name} (explore)", total, enabled=cfg.monitor.progress_bar)
+    state_file = run_dir / f"explore_state.{stage.name}.pt"
+    done = 0
+    if state_file.exists():  # a restarted explore process continues after its last written step
+        saved = torch.load(state_file, weights_only=False)
+        done = saved["step"]
+        explorer.load_state_dict(saved["explorer"])
+        log.info("explore process resumes after step %d", done)
+    progress = Progress(f"{stage.name} (explore)", total, initial=done, enabled=cfg.monitor.progress_bar)
     try:
-        for step in range(1, total + 1):
+        for step in range(done + 1, total + 1):
             need = required_version(step, k, 0, start=state.version)
             waited = _wait_for_weights(sync, explorer.model, need, cfg) if sync else 0.0
+            # written under the key explore:{step}: a re-run of this step after a crash adds nothing
             record = explorer.explore_step(step)
+            maybe_die("explore", step)
+            _save_atomic({"step": step, "explorer": explorer.state_dict()}, state_file)
             record["sync/wait_seconds"] = waited
             if eval_due(cfg, step, total):
                 record.update(explorer.evaluate())
@@ -76,6 +92,12 @@ def explore_loop(stage, run_dir: Path, writer, state, make_explorer, eval_due) -
     state.global_step += total
 
 
+def _save_atomic(obj, path: Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
 def _wait_for_weights(sync, model, version: int, cfg) -> float:
     t0 = time.monotonic()
     while True:
@@ -91,6 +113,7 @@ def _wait_for_weights(sync, model, version: int, cfg) -> float:
 
 
 def train_from_storage_loop(stage, run_dir: Path, writer, state, make_trainer, finish_step) -> None:
+    from trivium.buffer.feed import StorageFeed
     from trivium.buffer.replay import FIFO, ReplayPolicy
     from trivium.monitor.metrics import Progress
 
@@ -98,40 +121,66 @@ def train_from_storage_loop(stage, run_dir: Path, writer, state, make_trainer, f
     s = cfg.buffer.storage
     per_step = cfg.buffer.batch_size * cfg.buffer.taskset.repeat_times
     total = build.total_steps(cfg, len(build.task_reader(cfg.buffer.taskset, cfg.seed, is_eval=False)))
-    storage = build.storage(cfg, run_dir)
-    recovered = storage.recover("trainer")  # claims of a previous, killed trainer go back to the buffer
-    if recovered:
-        log.info("returned %d experiences claimed by a previous train process to the buffer", recovered)
+    done, saved = _take_resume(run_dir, stage, state, cfg)
+    policy = FIFO if s.policy == "fifo" else ReplayPolicy(**s.replay.model_dump())
+    feed = StorageFeed(build.storage(cfg, run_dir), policy=policy, timeout_s=s.read_timeout_s)
     trainer = make_trainer(cfg, state, total)
+    if saved is not None:
+        trainer.load_state_dict(saved)
+    # claims trained into the checkpoint are committed; those of a killed process go back to the buffer
+    returned = feed.resume(saved["resume"].get("claims", []) if saved is not None else [])
+    if returned:
+        log.info("returned %d experiences claimed by a previous train process to the buffer", returned)
     strategy = build.sample_strategy(cfg, state.tokenizer)
     sync = checkpoint_sync(cfg, run_dir) if cfg.synchronizer.method == "checkpoint" else None
-    policy = FIFO if s.policy == "fifo" else ReplayPolicy(**s.replay.model_dump())
-    progress = Progress(f"{stage.name} (train)", total, enabled=cfg.monitor.progress_bar)
-    start_version = state.version
+    progress = Progress(f"{stage.name} (train)", total, initial=done, enabled=cfg.monitor.progress_bar)
+    start_version = state.version - done
     if sync is not None and sync.latest() is None:
-        sync.publish(trainer.model.state_dict(), start_version)  # the starting weights
+        sync.publish(trainer.model.state_dict(), state.version)  # the starting weights
     try:
-        for step in range(1, total + 1):
+        for step in range(done + 1, total + 1):
             t0 = time.monotonic()
-            claim = storage.read(
-                per_step, policy=policy, consumer="trainer", step=step, timeout=s.read_timeout_s
-            )
-            record = {"buffer/wait_seconds": time.monotonic() - t0}
+            taken = feed.take(per_step, step)
+            record = {"buffer/wait_seconds": time.monotonic() - t0, "role": "train"}
             experiences, stale = staleness_filter(
-                strategy(list(claim.experiences), step),
+                strategy(taken, step),
                 state.version,
                 cfg.synchronizer.max_staleness,
                 cfg.synchronizer.staleness_policy,
             )
             record.update(stale)
             record.update(trainer.train_step(experiences))
-            storage.commit(claim)
+            maybe_die("train", step)
             if step % cfg.synchronizer.sync_interval == 0 or step == total:
                 state.version = start_version + step
                 if sync is not None:
                     sync.publish(trainer.model.state_dict(), state.version)
-            record["role"] = "train"
-            finish_step(cfg, stage, step, total, record, None, trainer, run_dir, writer, state, progress)
+            finish_step(
+                cfg,
+                stage,
+                step,
+                total,
+                record,
+                None,
+                trainer,
+                run_dir,
+                writer,
+                state,
+                progress,
+                resume={"claims": feed.open_claims()},
+                on_saved=feed.checkpointed,
+            )
     finally:
-        storage.close()
+        feed.close()
         progress.close()
+
+
+def _take_resume(run_dir: Path, stage, state, cfg) -> tuple[int, dict | None]:
+    """A restarted train process continues from its newest checkpoint of this stage."""
+    from trivium.launch.resume import find_resume_point
+
+    point = find_resume_point(run_dir, [stage.name])
+    if point is None:
+        return 0, None
+    state.resume = point
+    return state.take_resume(cfg)
