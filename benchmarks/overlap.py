@@ -3,9 +3,10 @@
     python benchmarks/overlap.py --model runs/quickstart/word-problems/checkpoints/sft/step_800/model
 
 Runs the same GRPO stage (16 prompts x 8 samples, lr 2e-4, --steps steps) from the same SFT checkpoint
-three times: synchronous (sync_offset 0: explore, train, sync in turn), one step ahead (sync_offset 1:
-the explorer samples step s+1 while the trainer trains step s), and fully asynchronous (sync_offset 4,
-never waiting for weights within that window). Prints seconds per step, greedy test accuracy at the end,
+synchronous (sync_offset 0: explore, train, sync in turn), one step ahead (sync_offset 1: the explorer
+samples step s+1 while the trainer trains step s) and fully asynchronous (sync_offset 4, never waiting
+for weights within that window), the last two with and without truncated importance sampling for the
+stale samples (algorithm.rollout_is_cap 2). Prints seconds per step, greedy test accuracy at the end,
 and the ratios against the synchronous run. On 2 CPU cores both halves compete for the same cores, so
 expect less overlap gain than on GPUs, where explorer and trainer sit on different devices.
 """
@@ -25,10 +26,17 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "examples" / "quickstart" / "data"
-SETTINGS = {"sync": 0, "offset 1": 1, "async (offset 4)": 4}
+# label: (sync_offset, algorithm.rollout_is_cap)
+SETTINGS = {
+    "sync": (0, 0.0),
+    "offset 1": (1, 0.0),
+    "offset 1 + IS": (1, 2.0),
+    "async (offset 4)": (4, 0.0),
+    "async (offset 4) + IS": (4, 2.0),
+}
 
 
-def run(model: Path, steps: int, offset: int, work: Path, name: str) -> dict:
+def run(model: Path, steps: int, offset: int, is_cap: float, work: Path, name: str) -> dict:
     cfg = {
         "project": "overlap",
         "name": name,
@@ -44,6 +52,7 @@ def run(model: Path, steps: int, offset: int, work: Path, name: str) -> dict:
         },
         "trainer": {"lr": 2e-4, "micro_batch_size": 128},
         "synchronizer": {"sync_offset": offset},
+        "algorithm": {"rollout_is_cap": is_cap},
         "monitor": {"progress_bar": False},
     }
     path = work / f"{name}.yaml"
@@ -72,8 +81,8 @@ def main() -> int:
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="trivium-overlap-"))
     results = {}
-    for label, offset in SETTINGS.items():
-        results[label] = run(Path(args.model), args.steps, offset, work, label.split()[0])
+    for i, (label, (offset, is_cap)) in enumerate(SETTINGS.items()):
+        results[label] = run(Path(args.model), args.steps, offset, is_cap, work, f"run{i}")
         r = results[label]
         print(
             f"{label:18s} {r['s_per_step']:.3f} s/step  accuracy {r['accuracy']:.3f}  "

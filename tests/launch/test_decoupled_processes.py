@@ -102,3 +102,43 @@ def test_killed_explore_and_train_processes_resume_exactly_once(tmp_path, tiny_m
         r["step"] for r in read_metrics(tmp_path / "runs" / "decoupled" / "crash") if r.get("role") == "train"
     ]
     assert sorted(set(train_steps)) == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.integration
+def test_collective_weight_sync_over_gloo_between_two_processes(tmp_path, tiny_model_dir, word_problem_dir):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = {
+        "project": "decoupled",
+        "name": "gloo",
+        "checkpoint_root": str(tmp_path / "runs"),
+        "model": {"path": str(tiny_model_dir)},
+        "explorer": {"rollout": {"max_tokens": 6}, "eval_interval": 0, "eval_at_start": False},
+        "monitor": {"progress_bar": False},
+        "synchronizer": {
+            "method": "collective",
+            "collective_init": f"tcp://127.0.0.1:{port}",
+            "sync_interval": 2,
+            "wait_timeout_s": 120,
+        },
+        "buffer": {
+            "batch_size": 2,
+            "total_steps": 5,
+            "storage": {"read_timeout_s": 120},
+            "taskset": {"path": str(word_problem_dir / "train.jsonl"), "repeat_times": 3},
+        },
+    }
+    path = tmp_path / "gloo.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    cmd = [sys.executable, "-m", "trivium.cli", "run", "-c", str(path), "--set"]
+    explore = subprocess.Popen([*cmd, "mode=explore"], stderr=subprocess.PIPE, text=True)
+    train = subprocess.run([*cmd, "mode=train"], capture_output=True, text=True, timeout=300)
+    _, explore_err = explore.communicate(timeout=300)
+    assert train.returncode == 0, train.stderr[-3000:]
+    assert explore.returncode == 0, explore_err[-3000:]
+    records = read_metrics(tmp_path / "runs" / "decoupled" / "gloo")
+    versions = [r["rollout/model_version"] for r in records if r.get("role") == "explore"]
+    assert versions == [0, 0, 2, 2, 4]  # k = 2: explore step s samples with version 2 * floor((s - 1) / 2)

@@ -70,3 +70,16 @@ def test_checksum_sees_every_change():
     assert weights_checksum(a) != weights_checksum(
         {"w": torch.ones(3, dtype=torch.float64), "b": torch.zeros(2)}
     )
+
+
+def test_collective_layout_and_schedule():
+    from trivium.sync.collective import _flatten, _unflatten, versions_needed
+
+    state = {"b": torch.arange(3.0), "a": torch.ones(2, 2), "n": torch.tensor([7], dtype=torch.int64)}
+    flats = _flatten(state, torch.device("cpu"))
+    assert len(flats) == 2  # one buffer per dtype
+    back = _unflatten(state, flats)
+    assert all(torch.equal(back[k], state[k]) for k in state)
+    assert versions_needed(5, 2) == [2, 4]
+    assert versions_needed(4, 1) == [1, 2, 3]
+    assert versions_needed(5, 2, start=10) == [12, 14]

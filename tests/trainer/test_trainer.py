@@ -202,3 +202,17 @@ def test_ppo_critic_learns_values_and_is_checkpointed(policy, tokenizer, tmp_pat
     m = trainer2.train_step(exps)
     assert "train/grad_norm" not in m  # still warming up: no policy update
     assert all(torch.equal(a, b) for a, b in zip(trainer2.model.state_dict().values(), before.values()))
+
+
+def test_rollout_importance_correction_weights_stale_samples(policy, tokenizer):
+    exps = sampled_experiences(policy, tokenizer)
+    spec = AlgorithmSpec.from_config(AlgorithmConfig(rollout_is_cap=2.0))
+    fresh = Trainer(copy.deepcopy(policy), TrainerConfig(), spec, pad_token_id=0, total_steps=2).train_step(
+        exps
+    )
+    assert fresh["rollout_is/weight_mean"] == pytest.approx(1.0, abs=1e-4)  # on-policy: weight 1
+    # samples whose sampler found them e times less likely than the trainer does: weight e, capped at 2
+    stale = [e.replace(logprobs=e.logprobs - 1.0) for e in exps]
+    m = Trainer(copy.deepcopy(policy), TrainerConfig(), spec, pad_token_id=0, total_steps=2).train_step(stale)
+    assert m["rollout_is/capped_fraction"] == pytest.approx(1.0)
+    assert m["rollout_is/weight_mean"] == pytest.approx(2.0)

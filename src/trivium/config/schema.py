@@ -268,6 +268,9 @@ class AlgorithmConfig(StrictModel):
     """KL-to-reference loss term."""
     kl_penalty: KLPenaltyConfig = Field(default_factory=KLPenaltyConfig)
     """KL-to-reference penalty in the rewards."""
+    rollout_is_cap: float = Field(0.0, ge=0.0)
+    """Truncated importance sampling for samples drawn by older or mismatched rollout weights: advantages
+    are scaled per token by min(π_trainer / π_rollout, cap). 0 = off; 2 is common. Use it off-policy."""
     entropy_coef: float = Field(0.0, ge=0.0)
     """c_H of the entropy bonus (ALGORITHMS.md §2.2); 0 turns it off (and saves a [R, L, V] pass)."""
     teacher: str = "teacher"
@@ -316,9 +319,14 @@ class TrainerConfig(StrictModel):
 
 
 class SynchronizerConfig(StrictModel):
-    method: Literal["memory", "checkpoint"] = "memory"
+    method: Literal["memory", "checkpoint", "collective"] = "memory"
     """How new weights reach the rollout model. memory: in-process copy with a version number;
-    checkpoint: versioned safetensors in checkpoint_dir (separate explore and train processes)."""
+    checkpoint: versioned safetensors in checkpoint_dir; collective: torch.distributed broadcast from the
+    train process to the explore process (both started with the same config)."""
+    collective_init: str = "tcp://127.0.0.1:29517"
+    """Rendezvous address of the collective method (the train process listens on it)."""
+    collective_backend: Literal["gloo", "nccl"] = "gloo"
+    """gloo on CPU; nccl when both processes hold the weights on CUDA devices."""
     checkpoint_dir: str = ""
     """Folder of published weight versions (method checkpoint); empty = sync/ in the run folder."""
     wait_timeout_s: float = Field(600.0, gt=0)

@@ -228,6 +228,15 @@ def _check_data(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
                 "set buffer.storage (e.g. {} for a SQLite file in the run folder)",
             )
         )
+    if cfg.mode == "both" and cfg.synchronizer.method != "memory":
+        out.append(
+            Problem(
+                at("synchronizer.method"),
+                cfg.synchronizer.method,
+                "explorer and trainer share one process in mode 'both': weights move in memory",
+                "use method: memory, or run mode explore and mode train as two processes",
+            )
+        )
     if cfg.mode in ("explore", "train") and buf.storage is not None and cfg.synchronizer.sync_offset:
         out.append(
             Problem(

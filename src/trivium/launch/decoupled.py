@@ -26,6 +26,7 @@ import torch
 from trivium.faults import maybe_die
 from trivium.launch import build
 from trivium.launch.overlap import required_version, staleness_filter
+from trivium.sync.collective import versions_needed
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,23 @@ def checkpoint_sync(cfg, run_dir: Path):
     return CheckpointSync(cfg.synchronizer.checkpoint_dir or run_dir / "sync")
 
 
+def weight_sync(cfg, run_dir: Path, rank: int):
+    """The stage's weight channel between the processes: checkpoint files, a process group, or none."""
+    method = cfg.synchronizer.method
+    if method == "checkpoint":
+        return checkpoint_sync(cfg, run_dir)
+    if method == "collective":
+        from trivium.sync.collective import CollectiveSync
+
+        return CollectiveSync(
+            cfg.synchronizer.collective_init,
+            rank,
+            cfg.synchronizer.collective_backend,
+            timeout_s=cfg.synchronizer.wait_timeout_s,
+        )
+    return None
+
+
 def explore_loop(stage, run_dir: Path, writer, state, make_explorer, eval_due) -> None:
     from trivium.monitor.metrics import Progress
 
@@ -55,7 +73,7 @@ def explore_loop(stage, run_dir: Path, writer, state, make_explorer, eval_due) -
     total = build.total_steps(cfg, len(taskset))
     storage = build.storage(cfg, run_dir)
     explorer = make_explorer(cfg, state, taskset, StorageSink(storage))
-    sync = checkpoint_sync(cfg, run_dir) if cfg.synchronizer.method == "checkpoint" else None
+    sync = weight_sync(cfg, run_dir, rank=1)
     k = cfg.synchronizer.sync_interval
     state_file = run_dir / f"explore_state.{stage.name}.pt"
     done = 0
@@ -65,6 +83,16 @@ def explore_loop(stage, run_dir: Path, writer, state, make_explorer, eval_due) -
         explorer.load_state_dict(saved["explorer"])
         log.info("explore process resumes after step %d", done)
     progress = Progress(f"{stage.name} (explore)", total, initial=done, enabled=cfg.monitor.progress_bar)
+    if done == 0 and cfg.explorer.eval_at_start and cfg.buffer.eval_tasksets:
+        writer.write(
+            {
+                "stage": stage.name,
+                "role": "explore",
+                "step": 0,
+                "global_step": state.global_step,
+                **explorer.evaluate(),
+            }
+        )
     try:
         for step in range(done + 1, total + 1):
             need = required_version(step, k, 0, start=state.version)
@@ -89,6 +117,8 @@ def explore_loop(stage, run_dir: Path, writer, state, make_explorer, eval_due) -
     finally:
         storage.close()
         progress.close()
+        if sync is not None and hasattr(sync, "close"):
+            sync.close()
     state.global_step += total
 
 
@@ -100,6 +130,10 @@ def _save_atomic(obj, path: Path) -> None:
 
 def _wait_for_weights(sync, model, version: int, cfg) -> float:
     t0 = time.monotonic()
+    if hasattr(sync, "receive"):  # collective: each receive blocks until the trainer sends the next version
+        while model.version < version:
+            sync.receive(model)
+        return time.monotonic() - t0
     while True:
         sync.load_newer(model)
         if model.version >= version:
@@ -132,10 +166,14 @@ def train_from_storage_loop(stage, run_dir: Path, writer, state, make_trainer, f
     if returned:
         log.info("returned %d experiences claimed by a previous train process to the buffer", returned)
     strategy = build.sample_strategy(cfg, state.tokenizer)
-    sync = checkpoint_sync(cfg, run_dir) if cfg.synchronizer.method == "checkpoint" else None
+    sync = weight_sync(cfg, run_dir, rank=0)
     progress = Progress(f"{stage.name} (train)", total, initial=done, enabled=cfg.monitor.progress_bar)
     start_version = state.version - done
-    if sync is not None and sync.latest() is None:
+    collective = sync is not None and hasattr(sync, "send")
+    needed = (
+        set(versions_needed(total, cfg.synchronizer.sync_interval, start_version)) if collective else set()
+    )
+    if sync is not None and not collective and sync.latest() is None:
         sync.publish(trainer.model.state_dict(), state.version)  # the starting weights
     try:
         for step in range(done + 1, total + 1):
@@ -153,7 +191,9 @@ def train_from_storage_loop(stage, run_dir: Path, writer, state, make_trainer, f
             maybe_die("train", step)
             if step % cfg.synchronizer.sync_interval == 0 or step == total:
                 state.version = start_version + step
-                if sync is not None:
+                if collective and state.version in needed:
+                    sync.send(trainer.model.state_dict(), state.version)
+                elif sync is not None and not collective:
                     sync.publish(trainer.model.state_dict(), state.version)
             finish_step(
                 cfg,
@@ -173,6 +213,8 @@ def train_from_storage_loop(stage, run_dir: Path, writer, state, make_trainer, f
     finally:
         feed.close()
         progress.close()
+        if collective:
+            sync.close()
 
 
 def _take_resume(run_dir: Path, stage, state, cfg) -> tuple[int, dict | None]:

@@ -57,6 +57,7 @@ class AlgorithmSpec:
     needs_old_logprobs: bool = True  # False for offline losses (SFT): skips a forward pass per step
     advantage_requires: frozenset[str] = frozenset()  # optional AdvantageInputs the advantage reads
     entropy_coef: float = 0.0
+    rollout_is_cap: float = 0.0  # truncated IS for the sampling policy (0 = off)
 
     @classmethod
     def from_config(cls, cfg: AlgorithmConfig) -> AlgorithmSpec:
@@ -78,6 +79,7 @@ class AlgorithmSpec:
             if adv
             else frozenset(),
             entropy_coef=cfg.entropy_coef,
+            rollout_is_cap=cfg.rollout_is_cap,
         )
 
 
@@ -139,7 +141,9 @@ class Trainer:
         # read old log-probs (KL penalty, distillation) need them first, so they get the extra pass.
         single_update = self.cfg.ppo_epochs == 1 and len(minis) == 1
         needs = self.algorithm.advantage_requires
-        early_old = "old_logprobs" in needs or self.kl_penalty is not None
+        early_old = (
+            "old_logprobs" in needs or self.kl_penalty is not None or self.algorithm.rollout_is_cap > 0
+        )
         old_lp = None
         if self.algorithm.needs_old_logprobs and (early_old or not single_update):
             old_lp = self._logprobs(self.model, batch)
@@ -149,6 +153,9 @@ class Trainer:
         teacher_lp = self._logprobs(self.teacher_model, batch) if self.teacher_model is not None else None
         values = self.critic.values(batch, self.cfg.micro_batch_size) if self.critic is not None else None
         advantages, returns, metrics = self._advantages(batch, old_lp, ref_lp, teacher_lp, values)
+        if self.algorithm.rollout_is_cap > 0:
+            advantages, m = self._rollout_correction(batch, old_lp, advantages)
+            metrics.update(m)
         seen_lp = torch.zeros_like(batch.rollout_logprobs)  # log-probs of the first pass, for the mismatch
         sums: dict[str, float] = {}
         updates = 0
@@ -175,6 +182,26 @@ class Trainer:
             }
         )
         return metrics
+
+    def _rollout_correction(self, batch: TrainBatch, old_lp: torch.Tensor, advantages: torch.Tensor):
+        """Truncated importance sampling for the sampling policy: A ← A · min(π_old / π_rollout, cap).
+
+        The trainer's old log-probs are the current weights' (ratio 1 at the first update), so samples
+        drawn by older weights (an explorer running ahead) or by a mismatched engine would otherwise be
+        trained on as if on-policy. The weight is detached and taken per token; tokens without rollout
+        log-probs (expert demonstrations) keep weight 1.
+        """
+        mask = batch.loss_mask
+        if batch.is_expert is not None:
+            mask = mask & ~batch.seq_to_tokens(batch.is_expert).bool()
+        log_w = (old_lp - batch.rollout_logprobs).clamp(-20, 20)
+        weight = torch.where(mask, torch.exp(log_w).clamp(max=self.algorithm.rollout_is_cap), 1.0).detach()
+        capped = (torch.exp(log_w) > self.algorithm.rollout_is_cap) & mask
+        n = mask.sum().clamp(min=1)
+        return advantages * weight, {
+            "rollout_is/weight_mean": float((weight * mask).sum() / n),
+            "rollout_is/capped_fraction": float(capped.sum() / n),
+        }
 
     def _logprobs(self, model: torch.nn.Module, batch: TrainBatch) -> torch.Tensor:
         return batched_logprobs(model, batch, self.cfg.micro_batch_size, self.temperature)
