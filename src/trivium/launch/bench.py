@@ -45,7 +45,7 @@ def bench_models(cfg, run_dir: Path) -> list[tuple[str, str]]:
     return models
 
 
-def bench_loop(stage, run_dir: Path, writer, state, make_explorer) -> None:
+def bench_loop(stage, run_dir: Path, writer, state) -> None:
     from trivium.launch import build
 
     cfg = stage.config
@@ -57,7 +57,7 @@ def bench_loop(stage, run_dir: Path, writer, state, make_explorer) -> None:
     )  # a later stage continues from the trained weights, not the last benched
     for i, (label, path) in enumerate(bench_models(cfg, run_dir)):
         state.model, state.tokenizer = build.load_policy(path, cfg)
-        metrics = make_explorer(cfg, state).evaluate()
+        metrics = build.make_explorer(cfg, state).evaluate()
         record = {"stage": stage.name, "step": i, "global_step": state.global_step, "model": label, **metrics}
         writer.write(record)
         rows.append(record)

@@ -192,3 +192,66 @@ def storage(cfg: TriviumConfig, run_dir: Path):
 
     s = cfg.buffer.storage
     return SqlStorage(s.url or run_dir / "buffer.sqlite", table=s.table)
+
+
+def make_trainer(cfg: TriviumConfig, state, total: int):
+    """The trainer for ``cfg``'s algorithm, with the frozen models and the critic it needs."""
+    from trivium.algorithm.presets import get_preset
+    from trivium.trainer.trainer import AlgorithmSpec, Trainer
+
+    preset = get_preset(cfg.algorithm.algorithm_type)
+
+    def frozen_copy():
+        return copy.deepcopy(state.model).eval().requires_grad_(False)
+
+    if preset.offline_data == "preference":
+        from trivium.trainer.dpo import DpoTrainer
+
+        return DpoTrainer(
+            state.model,
+            frozen_copy(),
+            cfg.trainer,
+            cfg.algorithm.dpo,
+            pad_token_id=state.tokenizer.pad_token_id,
+            total_steps=total,
+        )
+    algorithm = AlgorithmSpec.from_config(cfg.algorithm)
+    a = cfg.algorithm
+    needs_ref = algorithm.kl_coef > 0 or a.kl_penalty.coef > 0 or preset.needs_reference
+    return Trainer(
+        state.model,
+        cfg.trainer,
+        algorithm,
+        pad_token_id=state.tokenizer.pad_token_id,
+        total_steps=total,
+        temperature=cfg.explorer.rollout.temperature,
+        max_response_length=cfg.explorer.rollout.max_tokens,
+        ref_model=frozen_copy() if needs_ref else None,
+        teacher_model=load_auxiliary(cfg, a.teacher) if preset.needs_teacher else None,
+        critic=make_critic(cfg, state.model, total) if preset.needs_critic else None,
+        kl_penalty=kl_controller(a.kl_penalty),
+        kl_penalty_estimator=a.kl_penalty.estimator,
+        overlong=a.overlong_penalty if a.overlong_penalty.enabled else None,
+        seed=cfg.seed,
+    )
+
+
+def make_explorer(cfg: TriviumConfig, state, taskset=None, queue=None):
+    """An explorer over a rollout copy of ``state.model``; ``queue``: anything with ``put(experiences)``."""
+    from trivium.explorer.explorer import Explorer
+
+    rollout_params, eval_params = sampling_params(cfg)
+    model = build_rollout_model(state.model, state.tokenizer, cfg, state.version)
+    evals = [task_reader(ts, cfg.seed, is_eval=True) for ts in cfg.buffer.eval_tasksets]
+    return Explorer(
+        model,
+        rollout_params=rollout_params,
+        eval_params=eval_params,
+        taskset=taskset,
+        eval_tasksets=evals,
+        queue=queue,
+        batch_size=cfg.buffer.batch_size,
+        max_concurrency=cfg.explorer.max_concurrency,
+        dynamic_sampling=cfg.algorithm.dynamic_sampling.enabled,
+        max_sampling_rounds=cfg.algorithm.dynamic_sampling.max_rounds,
+    )

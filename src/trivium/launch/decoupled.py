@@ -65,14 +65,14 @@ def weight_sync(cfg, run_dir: Path, rank: int):
     return None
 
 
-def explore_loop(stage, run_dir: Path, writer, state, make_explorer, eval_due) -> None:
+def explore_loop(stage, run_dir: Path, writer, state, eval_due) -> None:
     from trivium.monitor.metrics import Progress
 
     cfg = stage.config
     taskset = build.task_reader(cfg.buffer.taskset, cfg.seed, is_eval=False)
     total = build.total_steps(cfg, len(taskset))
     storage = build.storage(cfg, run_dir)
-    explorer = make_explorer(cfg, state, taskset, StorageSink(storage))
+    explorer = build.make_explorer(cfg, state, taskset, StorageSink(storage))
     sync = weight_sync(cfg, run_dir, rank=1)
     k = cfg.synchronizer.sync_interval
     state_file = run_dir / f"explore_state.{stage.name}.pt"
@@ -146,7 +146,7 @@ def _wait_for_weights(sync, model, version: int, cfg) -> float:
         time.sleep(0.1)
 
 
-def train_from_storage_loop(stage, run_dir: Path, writer, state, make_trainer, finish_step) -> None:
+def train_from_storage_loop(stage, run_dir: Path, writer, state, finish_step) -> None:
     from trivium.buffer.feed import StorageFeed
     from trivium.buffer.replay import FIFO, ReplayPolicy
     from trivium.monitor.metrics import Progress
@@ -158,7 +158,7 @@ def train_from_storage_loop(stage, run_dir: Path, writer, state, make_trainer, f
     done, saved = _take_resume(run_dir, stage, state, cfg)
     policy = FIFO if s.policy == "fifo" else ReplayPolicy(**s.replay.model_dump())
     feed = StorageFeed(build.storage(cfg, run_dir), policy=policy, timeout_s=s.read_timeout_s)
-    trainer = make_trainer(cfg, state, total)
+    trainer = build.make_trainer(cfg, state, total)
     if saved is not None:
         trainer.load_state_dict(saved)
     # claims trained into the checkpoint are committed; those of a killed process go back to the buffer

@@ -23,7 +23,6 @@ from trivium.launch.overlap import ExplorerThread, VersionGate, staleness_filter
 from trivium.launch.resume import ResumePoint, find_resume_point, truncate_metrics
 from trivium.monitor.metrics import METRICS_FILE, MetricsWriter, Progress
 from trivium.trainer.checkpoint import prune_checkpoints, save_checkpoint
-from trivium.trainer.trainer import AlgorithmSpec, Trainer
 
 log = logging.getLogger(__name__)
 
@@ -143,82 +142,19 @@ def run_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunStat
     if cfg.mode == "bench":
         from trivium.launch.bench import bench_loop
 
-        bench_loop(stage, run_dir, writer, state, _make_explorer)
+        bench_loop(stage, run_dir, writer, state)
     elif cfg.mode == "explore":
         from trivium.launch.decoupled import explore_loop
 
-        explore_loop(stage, run_dir, writer, state, _make_explorer, _eval_due)
+        explore_loop(stage, run_dir, writer, state, _eval_due)
     elif cfg.mode == "train" and cfg.buffer.storage is not None:
         from trivium.launch.decoupled import train_from_storage_loop
 
-        train_from_storage_loop(stage, run_dir, writer, state, _make_trainer, _finish_step)
+        train_from_storage_loop(stage, run_dir, writer, state, _finish_step)
     elif cfg.mode == "both":
         _online_loop(stage, run_dir, writer, state)
     else:
         _train_loop(stage, run_dir, writer, state)
-
-
-def _make_trainer(cfg, state: RunState, total: int):
-    """The trainer for ``cfg``'s algorithm, with the frozen models and the critic it needs."""
-    import copy
-
-    from trivium.algorithm.presets import get_preset
-
-    preset = get_preset(cfg.algorithm.algorithm_type)
-
-    def frozen_copy():
-        return copy.deepcopy(state.model).eval().requires_grad_(False)
-
-    if preset.offline_data == "preference":
-        from trivium.trainer.dpo import DpoTrainer
-
-        return DpoTrainer(
-            state.model,
-            frozen_copy(),
-            cfg.trainer,
-            cfg.algorithm.dpo,
-            pad_token_id=state.tokenizer.pad_token_id,
-            total_steps=total,
-        )
-    algorithm = AlgorithmSpec.from_config(cfg.algorithm)
-    a = cfg.algorithm
-    needs_ref = algorithm.kl_coef > 0 or a.kl_penalty.coef > 0 or preset.needs_reference
-    return Trainer(
-        state.model,
-        cfg.trainer,
-        algorithm,
-        pad_token_id=state.tokenizer.pad_token_id,
-        total_steps=total,
-        temperature=cfg.explorer.rollout.temperature,
-        max_response_length=cfg.explorer.rollout.max_tokens,
-        ref_model=frozen_copy() if needs_ref else None,
-        teacher_model=build.load_auxiliary(cfg, a.teacher) if preset.needs_teacher else None,
-        critic=build.make_critic(cfg, state.model, total) if preset.needs_critic else None,
-        kl_penalty=build.kl_controller(a.kl_penalty),
-        kl_penalty_estimator=a.kl_penalty.estimator,
-        overlong=a.overlong_penalty if a.overlong_penalty.enabled else None,
-        seed=cfg.seed,
-    )
-
-
-def _make_explorer(cfg, state: RunState, taskset=None, queue=None):  # queue: anything with put(experiences)
-    from trivium.explorer.explorer import Explorer
-
-    rollout_params, eval_params = build.sampling_params(cfg)
-    model = build.build_rollout_model(state.model, state.tokenizer, cfg, state.version)
-    evals = [build.task_reader(ts, cfg.seed, is_eval=True) for ts in cfg.buffer.eval_tasksets]
-    return Explorer(
-        model,
-        rollout_params=rollout_params,
-        eval_params=eval_params,
-        taskset=taskset,
-        eval_tasksets=evals,
-        queue=queue,
-        batch_size=cfg.buffer.batch_size,
-        max_concurrency=cfg.explorer.max_concurrency,
-        dynamic_sampling=cfg.algorithm.dynamic_sampling.enabled,
-        max_sampling_rounds=cfg.algorithm.dynamic_sampling.max_rounds,
-    )
 
 
 def _online_loop(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunState) -> None:
@@ -231,8 +167,8 @@ def _online_loop(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunS
     if done >= total:
         return
     feed = _feed(cfg, run_dir, per_step)
-    explorer = _make_explorer(cfg, state, taskset, feed)
-    trainer = _make_trainer(cfg, state, total)
+    explorer = build.make_explorer(cfg, state, taskset, feed)
+    trainer = build.make_trainer(cfg, state, total)
     strategy = build.sample_strategy(cfg, state.tokenizer)
     if saved is not None:
         trainer.load_state_dict(saved)
@@ -336,8 +272,8 @@ def _train_loop(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunSt
     if done >= total:
         return
     data.tokenizer = state.tokenizer
-    trainer = _make_trainer(cfg, state, total)
-    explorer = _make_explorer(cfg, state) if cfg.buffer.eval_tasksets else None
+    trainer = build.make_trainer(cfg, state, total)
+    explorer = build.make_explorer(cfg, state) if cfg.buffer.eval_tasksets else None
     if saved is not None:
         trainer.load_state_dict(saved)
         data.load_state_dict(saved["resume"]["data"])
