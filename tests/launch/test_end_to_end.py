@@ -26,6 +26,7 @@ def test_sft_then_grpo_reward_goes_up(e2e, tmp_path):
     assert end_acc > sft_acc[-1], (sft_acc, end_acc)
     # every step logged the rollout/trainer mismatch, and the final checkpoints are complete
     assert all("mismatch/logprob_abs_max" in r for r in grpo)
+    assert all("sync/checksum_seconds" in r for r in grpo)  # every sync verified both sides equal
     assert (run_dir / "checkpoints" / "grpo" / "step_40" / "model" / "model.safetensors").exists()
     assert cli(["plot", str(run_dir)]) == 0
     assert (run_dir / "curves.png").stat().st_size > 10_000

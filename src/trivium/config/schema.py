@@ -323,6 +323,9 @@ class SynchronizerConfig(StrictModel):
     """How new weights reach the rollout model. memory: in-process copy with a version number;
     checkpoint: versioned safetensors in checkpoint_dir; collective: torch.distributed broadcast from the
     train process to the explore process (both started with the same config)."""
+    verify_checksum: bool = True
+    """After every in-memory sync, compare a checksum of the trainer's and the rollout model's weights (a
+    mismatch is an error). Costs a hash of the weights on each side per sync."""
     collective_init: str = "tcp://127.0.0.1:29517"
     """Rendezvous address of the collective method (the train process listens on it)."""
     collective_backend: Literal["gloo", "nccl"] = "gloo"

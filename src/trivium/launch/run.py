@@ -218,7 +218,7 @@ def _online_loop(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunS
             maybe_die("train", step)
             if step % sync.sync_interval == 0 or step == total:
                 state.version = start_version + step
-                explorer.model.update_weights(trainer.model.state_dict(), state.version)
+                record.update(_memory_sync(trainer, explorer, state.version, sync.verify_checksum))
                 if ahead:
                     ahead.gate.publish(state.version)
             _finish_step(
@@ -245,6 +245,27 @@ def _online_loop(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunS
             ahead.join()
         feed.close()
     progress.close()
+
+
+def _memory_sync(trainer, explorer, version: int, verify: bool) -> dict[str, float]:
+    """Copy the trainer's weights into the rollout model; with ``verify``, prove both sides equal."""
+    import time
+
+    from trivium.sync.checkpoint import WeightSyncError, weights_checksum
+
+    t0 = time.perf_counter()
+    state = trainer.model.state_dict()
+    explorer.model.update_weights(state, version)
+    metrics = {"sync/seconds": time.perf_counter() - t0}
+    if verify:
+        sent, got = weights_checksum(state), weights_checksum(explorer.model.state_dict())
+        if sent != got:
+            raise WeightSyncError(
+                f"weights version {version}: the rollout model's checksum {got[:12]} differs from the trainer's "
+                f"{sent[:12]} after the sync (different dtype or structure?)"
+            )
+        metrics["sync/checksum_seconds"] = time.perf_counter() - t0 - metrics["sync/seconds"]
+    return metrics
 
 
 def _feed(cfg, run_dir: Path, per_step: int):
