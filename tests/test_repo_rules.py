@@ -11,9 +11,21 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "trivium"
 
 # (folder, pattern that must not be imported there, why)
 FORBIDDEN = [
-    ("algorithm", r"^\s*(from|import) trivium\.(trainer|explorer|launch|buffer|models|config)", "algorithm/ is pure math"),
-    ("explorer", r"^\s*(from|import) trivium\.trainer", "explorer and trainer meet only through buffer and sync"),
-    ("trainer", r"^\s*(from|import) trivium\.explorer", "explorer and trainer meet only through buffer and sync"),
+    (
+        "algorithm",
+        r"^\s*(from|import) trivium\.(trainer|explorer|launch|buffer|models|config)",
+        "algorithm/ is pure math",
+    ),
+    (
+        "explorer",
+        r"^\s*(from|import) trivium\.trainer",
+        "explorer and trainer meet only through buffer and sync",
+    ),
+    (
+        "trainer",
+        r"^\s*(from|import) trivium\.explorer",
+        "explorer and trainer meet only through buffer and sync",
+    ),
     ("config", r"^\s*(from|import) trivium\.(launch|explorer|trainer)", "config knows no runtime"),
 ]
 
@@ -29,18 +41,27 @@ def test_no_source_file_over_600_lines():
 
 @pytest.mark.parametrize(("folder", "pattern", "why"), FORBIDDEN)
 def test_dependency_rules(folder, pattern, why):
-    hits = [f"{p.relative_to(SRC)}:{i}" for p in py_files(SRC / folder)
-            for i, line in enumerate(p.read_text().splitlines(), 1) if re.search(pattern, line)]
+    hits = [
+        f"{p.relative_to(SRC)}:{i}"
+        for p in py_files(SRC / folder)
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if re.search(pattern, line)
+    ]
     assert not hits, f"{why}: {hits}"
 
 
 def test_only_launch_may_import_ray():
-    hits = [str(p.relative_to(SRC)) for p in py_files() if "launch" not in p.parts
-            and re.search(r"^\s*(import ray|from ray)", p.read_text(), re.M)]
+    hits = [
+        str(p.relative_to(SRC))
+        for p in py_files()
+        if "launch" not in p.parts and re.search(r"^\s*(import ray|from ray)", p.read_text(), re.M)
+    ]
     assert not hits
 
 
 def test_package_import_is_cheap():
     code = "import sys, trivium, trivium.models; print(int('torch' in sys.modules), int('transformers' in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
     assert out == ["0", "0"], "importing trivium (or trivium.models) must not import torch or transformers"

@@ -282,14 +282,3 @@ def _first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[in
     for row in rows:
         row.sort()
     return rows
-
-
-def as_metrics(values: Mapping[str, Any]) -> dict[str, float]:
-    """Keep the numeric entries of a mapping as floats (tensors of one element included)."""
-    out: dict[str, float] = {}
-    for k, v in values.items():
-        if (isinstance(v, torch.Tensor) and v.numel() == 1) or (
-            isinstance(v, (int, float)) and not isinstance(v, bool)
-        ):
-            out[k] = float(v)
-    return out

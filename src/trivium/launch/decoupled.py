@@ -23,23 +23,13 @@ from pathlib import Path
 
 import torch
 
+from trivium.buffer.feed import StorageFeed
 from trivium.faults import maybe_die
 from trivium.launch import build
 from trivium.launch.overlap import required_version, staleness_filter
 from trivium.sync.collective import versions_needed
 
 log = logging.getLogger(__name__)
-
-
-class StorageSink:
-    """The explorer's output (``put``) into a persistent storage, keyed by explore step."""
-
-    def __init__(self, storage):
-        self.storage = storage
-
-    def put(self, experiences) -> None:
-        if experiences:
-            self.storage.write(experiences, key=f"explore:{experiences[0].explore_step}")
 
 
 def checkpoint_sync(cfg, run_dir: Path):
@@ -72,7 +62,7 @@ def explore_loop(stage, run_dir: Path, writer, state, eval_due) -> None:
     taskset = build.task_reader(cfg.buffer.taskset, cfg.seed, is_eval=False)
     total = build.total_steps(cfg, len(taskset))
     storage = build.storage(cfg, run_dir)
-    explorer = build.make_explorer(cfg, state, taskset, StorageSink(storage))
+    explorer = build.make_explorer(cfg, state, taskset, StorageFeed(storage))  # only its put() is used
     sync = weight_sync(cfg, run_dir, rank=1)
     k = cfg.synchronizer.sync_interval
     state_file = run_dir / f"explore_state.{stage.name}.pt"

@@ -72,21 +72,20 @@ class Progress:
     def update(self, metrics: dict[str, Any]) -> None:
         if self.bar is None:
             return
-        shown = {label: metrics[key] for key, label in _BAR_KEYS if key in metrics}
-        evals = {k: v for k, v in metrics.items() if k.startswith("eval/") and k.endswith("/accuracy")}
-        if evals:
-            self.eval_text = " ".join(f"{v:.3f}" for v in evals.values())
-        postfix = {k: f"{v:.3f}" for k, v in shown.items()}
+        self.note_eval(metrics)
+        postfix = {label: f"{metrics[key]:.3f}" for key, label in _BAR_KEYS if key in metrics}
         if self.eval_text:
             postfix["eval_acc"] = self.eval_text
         self.bar.set_postfix(postfix, refresh=False)
         self.bar.update(1)
 
     def note_eval(self, metrics: dict[str, Any]) -> None:
-        evals = {k: v for k, v in metrics.items() if k.startswith("eval/") and k.endswith("/accuracy")}
-        if evals and self.bar is not None:
-            self.eval_text = " ".join(f"{v:.3f}" for v in evals.values())
-            self.bar.set_postfix({"eval_acc": self.eval_text})
+        """Remember the latest eval accuracies; they are shown with every later step."""
+        evals = [v for k, v in metrics.items() if k.startswith("eval/") and k.endswith("/accuracy")]
+        if evals:
+            self.eval_text = " ".join(f"{v:.3f}" for v in evals)
+            if self.bar is not None:
+                self.bar.set_postfix({"eval_acc": self.eval_text})
 
     def close(self) -> None:
         if self.bar is not None:
