@@ -63,6 +63,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="PNG path (default: RUN_DIR/curves.png)")
     p.set_defaults(func=_cmd_plot)
 
+    p = sub.add_parser(
+        "check-template",
+        help="tell whether a model's chat template is prefix-stable across turns (needed for multi-turn RL)",
+    )
+    p.add_argument("model", help="model folder or hub id (only the tokenizer is loaded)")
+    p.add_argument("--no-reasoning", action="store_true", help="probe without <think> blocks in assistant turns")
+    p.set_defaults(func=_cmd_check_template)
+
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return args.func(args)
@@ -131,6 +139,29 @@ def _cmd_make_tiny(args) -> int:
     )
     print(f"tiny model written to {out}")
     return 0
+
+
+def _cmd_check_template(args) -> int:
+    """Exit 0 when the template is prefix-stable, 1 when it is not (the report says where), 2 on errors."""
+    from trivium.models.loading import load_tokenizer
+    from trivium.models.transcript import check_template, probe_conversation
+
+    try:
+        tokenizer = load_tokenizer(args.model)
+    except (OSError, ValueError) as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if not getattr(tokenizer, "chat_template", None):
+        print(f"{args.model}: the tokenizer has no chat template; multi-turn workflows need one", file=sys.stderr)
+        return 2
+    report = check_template(tokenizer, probe_conversation(reasoning=not args.no_reasoning))
+    print(f"{args.model}: {report}")
+    if not report.stable:
+        print(
+            "Multi-turn workflows refuse this template (workflow_args.allow_unstable_template: true overrides): "
+            "they train on the conversation as sampled, which this template would render differently at inference."
+        )
+    return 0 if report.stable else 1
 
 
 def _cmd_plot(args) -> int:

@@ -61,7 +61,8 @@ class Experience:
     reward: float = 0.0
     task_id: str = ""
     group_id: int = -1  # experiences compared with each other (the samples of one task in one step)
-    run_index: int = 0  # which of the task's repeat_times samples this is
+    run_index: int = 0  # which of the task's repeat_times samples this is (one episode of a multi-turn task)
+    turn: int = 0  # which model turn of its episode this is (step-wise multi-turn); 0 for single-turn
     model_version: int = 0  # weights version of the rollout model that produced it
     explore_step: int = -1
     is_expert: bool = False  # an expert demonstration mixed into an RL batch (CHORD), not a rollout
@@ -142,6 +143,8 @@ class TrainBatch:
     group_ids: torch.Tensor  # [N] int64
     model_versions: torch.Tensor  # [N] int64
     response_lengths: torch.Tensor  # [N] int64: number of action tokens n_i
+    run_ids: torch.Tensor | None = None  # [N] int64: Experience.run_index (episode within its group)
+    turns: torch.Tensor | None = None  # [N] int64: Experience.turn (model turn within its episode)
     is_expert: torch.Tensor | None = None  # [N] bool: expert demonstrations (CHORD); None when there are none
     packed: bool = False
 
@@ -184,6 +187,8 @@ class TrainBatch:
             group_ids=self.group_ids[old],
             model_versions=self.model_versions[old],
             response_lengths=self.response_lengths[old],
+            run_ids=None if self.run_ids is None else self.run_ids[old],
+            turns=None if self.turns is None else self.turns[old],
             is_expert=None if self.is_expert is None else self.is_expert[old],
             packed=self.packed,
         )
@@ -244,6 +249,8 @@ def collate(
         group_ids=torch.tensor([e.group_id for e in experiences], dtype=torch.long),
         model_versions=torch.tensor([e.model_version for e in experiences], dtype=torch.long),
         response_lengths=torch.tensor([e.num_action_tokens for e in experiences], dtype=torch.long),
+        run_ids=torch.tensor([e.run_index for e in experiences], dtype=torch.long),
+        turns=torch.tensor([e.turn for e in experiences], dtype=torch.long),
         is_expert=torch.tensor([e.is_expert for e in experiences])
         if any(e.is_expert for e in experiences)
         else None,

@@ -47,6 +47,8 @@ class AdvantageInputs:
     old_logprobs: Tensor | None = None  # [R, L]: ℓold, behaviour policy
     ref_logprobs: Tensor | None = None  # [R, L]: ℓref, reference model
     teacher_logprobs: Tensor | None = None  # [R, L]: ℓT, teacher's log-prob of the sampled token
+    run_ids: Tensor | None = None  # [N] int64: episode of each sequence within its group (step-wise)
+    turns: Tensor | None = None  # [N] int64: model turn of each sequence within its episode (step-wise)
 
     def __post_init__(self) -> None:
         n = self.rewards.shape
@@ -62,7 +64,14 @@ class AdvantageInputs:
 
     @classmethod
     def from_batch(cls, batch: TrainBatch) -> AdvantageInputs:
-        return cls(batch.rewards, batch.group_ids, batch.loss_mask, batch.seq_index)
+        return cls(
+            batch.rewards,
+            batch.group_ids,
+            batch.loss_mask,
+            batch.seq_index,
+            run_ids=batch.run_ids,
+            turns=batch.turns,
+        )
 
 
 def broadcast_to_tokens(values: Tensor, mask: Tensor, seq_index: Tensor) -> Tensor:
@@ -156,17 +165,22 @@ def _group_normalise(
 ) -> Tensor:
     """``rewards [N]`` with dense group ids ``group [N]`` (0..G-1) and sizes ``counts [G]`` -> A ``[N]``."""
     num_groups = counts.numel()
+    mean, std = _group_mean_std(rewards, group, counts)
+    centred = rewards - mean[group]
+    adv = centred / (std[group] + epsilon) if std_normalize else centred
+    all_equal = _all_equal_groups(rewards, group, num_groups) & (counts > 1)
+    return torch.where(all_equal[group], 0.0, adv)
+
+
+def _group_mean_std(rewards: Tensor, group: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-group mean and unbiased std ``[G]``; a group of one gets μ = 0, σ = 1 (ALGORITHMS.md §4)."""
+    num_groups = counts.numel()
     sizes = counts.to(rewards.dtype)
     mean = _group_reduce(rewards, group, num_groups, "sum") / sizes
     sq_dev = (rewards - mean[group]) ** 2
     std = (_group_reduce(sq_dev, group, num_groups, "sum") / (sizes - 1).clamp(min=1)).sqrt()
     single = counts == 1
-    mean = torch.where(single, 0.0, mean)
-    std = torch.where(single, 1.0, std)
-    centred = rewards - mean[group]
-    adv = centred / (std[group] + epsilon) if std_normalize else centred
-    all_equal = _all_equal_groups(rewards, group, num_groups) & ~single
-    return torch.where(all_equal[group], 0.0, adv)
+    return torch.where(single, 0.0, mean), torch.where(single, 1.0, std)
 
 
 def _all_equal_groups(rewards: Tensor, group: Tensor, num_groups: int) -> Tensor:

@@ -6,6 +6,8 @@ advantage per sequence, broadcast to its action tokens. They differ only in the 
     rloo                        R_i − mean of the *other* samples            (G ≥ 2 required)
     asymre                      R_i − (μ_g + δ_V), δ_V < 0 favours positives  (no normalisation)
     reinforceplusplus_baseline  R_i − μ_g, then whitened over all valid tokens of the batch
+    step_wise_grpo              G_{e,t} − μ_g over the group's *episodes*, / (σ_g + ε)  (multi-turn, one
+                                sequence per model turn)
 
 Design decisions:
 - The group statistics are grpo's (``advantages._group_normalise`` and friends): one vectorised
@@ -28,6 +30,7 @@ from trivium.algorithm.advantages import (
     _all_equal_groups,
     _as_float,
     _dense_groups,
+    _group_mean_std,
     _group_normalise,
     _group_reduce,
     _sequence_metrics,
@@ -37,7 +40,7 @@ from trivium.algorithm.advantages import (
 )
 from trivium.algorithm.registry import ADVANTAGE_FNS
 
-__all__ = ["asymre", "reinforceplusplus_baseline", "rloo"]
+__all__ = ["asymre", "reinforceplusplus_baseline", "rloo", "step_wise_grpo"]
 
 
 @ADVANTAGE_FNS.register("rloo")
@@ -103,3 +106,56 @@ def reinforceplusplus_baseline(inputs: AdvantageInputs) -> tuple[Tensor, dict[st
     seq_adv = _group_normalise(rewards, group, counts, std_normalize=False, epsilon=0.0)
     tokens = broadcast_to_tokens(seq_adv, inputs.mask, inputs.seq_index)
     return _whiten(tokens, inputs.mask), _sequence_metrics(seq_adv, group, counts)
+
+
+@ADVANTAGE_FNS.register("step_wise_grpo")
+def step_wise_grpo(
+    inputs: AdvantageInputs, *, std_normalize: bool = True, epsilon: float = 1e-6
+) -> tuple[Tensor, dict[str, float]]:
+    """GRPO for step-wise multi-turn experiences: one sequence per model turn, compared across *episodes*.
+
+    A group holds the episodes (runs) of one task; ``run_ids`` tell the episodes apart and ``turns`` the
+    model turns inside one. Each sequence's reward is the return from its turn on, G_{e,t} (the episode
+    reward on every turn when the environment rewards only the end). The episode return is G_e = G_{e,t0}
+    at the episode's first turn present. Then, with μ_g and the unbiased σ_g over the group's episode
+    returns (each episode counted once, however many turns it took):
+
+        A_{e,t} = (G_{e,t} − μ_g) / (σ_g + ε)        (G_{e,t} − μ_g without std normalisation)
+
+    so a long episode does not weigh more in the baseline than a short one. With final rewards only this
+    is GRPO's advantage of the episode, given to every one of its turns. Conventions as GRPO: a group of
+    one episode uses μ = 0, σ = 1; a group whose episode returns are all equal gets 0 on every turn.
+    """
+    if inputs.run_ids is None or inputs.turns is None:
+        raise ValueError(
+            "step_wise_grpo needs inputs.run_ids and inputs.turns (Experience.run_index and .turn, filled "
+            "by collate); build AdvantageInputs with AdvantageInputs.from_batch(batch)"
+        )
+    rewards = _as_float(inputs.rewards)
+    group, _ = _dense_groups(inputs.group_ids, "step_wise_grpo")
+    # Dense episode id of every sequence: one per distinct (group, run).
+    pairs = torch.stack([group, inputs.run_ids.to(group.device)], dim=1)
+    _, episode = torch.unique(pairs, dim=0, return_inverse=True)
+    num_episodes = int(episode.max()) + 1 if episode.numel() else 0
+    turns = inputs.turns.to(group.device)
+    first_turn = _group_reduce(turns.to(rewards.dtype), episode, num_episodes, "amin")
+    is_first = turns.to(rewards.dtype) == first_turn[episode]
+    # The first-turn sequence of each episode (the lowest index if a turn appears twice).
+    index = torch.arange(rewards.numel(), device=rewards.device, dtype=rewards.dtype)
+    candidate = torch.where(is_first, index, torch.full_like(index, float(rewards.numel())))
+    first_seq = _group_reduce(candidate, episode, num_episodes, "amin").long()
+    episode_return = rewards[first_seq]
+    episode_group = group[first_seq]
+    _, episode_group, episode_counts = torch.unique(episode_group, return_inverse=True, return_counts=True)
+    seq_group = episode_group[episode]  # dense over groups that have episodes (all of them)
+    mean, std = _group_mean_std(episode_return, episode_group, episode_counts)
+    centred = rewards - mean[seq_group]
+    seq_adv = centred / (std[seq_group] + epsilon) if std_normalize else centred
+    all_equal = _all_equal_groups(episode_return, episode_group, episode_counts.numel()) & (
+        episode_counts > 1
+    )
+    seq_adv = torch.where(all_equal[seq_group], 0.0, seq_adv)
+    metrics = _sequence_metrics(seq_adv, seq_group, episode_counts)
+    metrics["advantage/episodes"] = float(num_episodes)
+    metrics["advantage/turns_per_episode"] = rewards.numel() / max(num_episodes, 1)
+    return broadcast_to_tokens(seq_adv, inputs.mask, inputs.seq_index), metrics

@@ -81,6 +81,15 @@ PRESETS: dict[str, AlgorithmPreset] = {
             policy_loss_args=_CLIP,
         ),
         _rl(
+            "step_wise_grpo",
+            "step_wise_grpo",
+            "ppo_clip",
+            "Step-wise GRPO for multi-turn agents (one experience per model turn): GRPO's advantage computed "
+            "over the task's episodes, each turn getting its return's advantage; PPO clip 0.2, token-mean.",
+            advantage_args={"std_normalize": True, "epsilon": 1e-6},
+            policy_loss_args=_CLIP,
+        ),
+        _rl(
             "dr_grpo",
             "grpo",
             "ppo_clip",

@@ -83,6 +83,11 @@ class ExplorerConfig(StrictModel):
     """Evaluate the starting model before the first step (the baseline of the learning curve)."""
     max_concurrency: int = Field(0, ge=0)
     """Workflow runs in flight at once; their model calls are batched together. 0 = one per task."""
+    max_retries: int = Field(0, ge=0)
+    """Re-run a task whose workflow raised, up to this many more times (fresh workflow and environments)."""
+    workflow_timeout_s: float = Field(0.0, ge=0)
+    """A task still running after this many seconds fails at its next model call; 0 = no limit.
+    Environment steps have their own limit (workflow_args.env_timeout_s of the multi-turn workflows)."""
 
 
 class TaskSetConfig(StrictModel):

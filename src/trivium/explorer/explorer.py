@@ -4,6 +4,10 @@ Workflows of one step run concurrently in threads; each is a registered worker o
 model, so their model calls are sampled in one batch (as many prompts as tasks in flight). The explorer
 stamps what a workflow cannot know: the group id (one per task per step), the model version and the
 step. A workflow that raises fails its task only; the failure is counted and logged with the task id.
+Robustness knobs: ``max_retries`` re-runs a failed task (a fresh workflow and environments) up to that many
+more times; ``workflow_timeout_s`` stops a run at its next model call once it is over time (environment
+steps have their own timeout, see workflows/multi_turn.py). Every failure, of a task or of one episode
+inside it, goes to ``failure_sink`` (the run folder's ``failures.jsonl``) with task id, run and reason.
 """
 
 from __future__ import annotations
@@ -11,11 +15,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from trivium.models.handle import ModelHandle
+from trivium.models.handle import ModelHandle, WorkflowTimeoutError
 from trivium.models.protocol import SamplingParams
 from trivium.types import Experience, Task
 from trivium.workflows.registry import get_workflow
@@ -28,6 +32,8 @@ class TaskResult:
     task: Task
     experiences: list[Experience]
     error: BaseException | None = None
+    failed_runs: int = 0  # episodes the workflow dropped (an environment raised or hung)
+    retries: int = 0  # extra attempts the task took
 
 
 class Explorer:
@@ -44,6 +50,9 @@ class Explorer:
         max_concurrency: int = 0,
         dynamic_sampling: bool = False,
         max_sampling_rounds: int = 10,
+        max_retries: int = 0,
+        workflow_timeout_s: float = 0.0,
+        failure_sink: Callable[[dict], None] | None = None,
     ):
         self.model = model
         self.rollout_params = rollout_params
@@ -55,8 +64,12 @@ class Explorer:
         self.max_concurrency = max_concurrency
         self.dynamic_sampling = dynamic_sampling
         self.max_sampling_rounds = max_sampling_rounds
+        self.max_retries = max_retries
+        self.workflow_timeout_s = workflow_timeout_s
+        self.failure_sink = failure_sink  # gets one dict per failure (task id, run, attempt, reason)
         self.next_group_id = 0
         self.failed_tasks = 0
+        self._phase = "explore"  # written into failure records: "explore:<step>" or "eval"
 
     def state_dict(self) -> dict:
         """Task-set position, group-id counter and the engine's sampling RNG (for exact resume)."""
@@ -81,15 +94,18 @@ class Explorer:
         queue (fewer than batch_size x repeat_times when tasks failed).
         """
         t0 = time.perf_counter()
+        self._phase = f"explore:{step}"
         version = self.model.version
         kept: list[list[Experience]] = []
-        tasks_run = failed = dropped = rounds = 0
+        tasks_run = failed = dropped = rounds = failed_runs = retries = 0
         sampled: list[Experience] = []  # everything sampled, for the rollout metrics
         while True:
             tasks = self.taskset.next_batch(self.batch_size - len(kept))
             results = self.run_tasks(tasks, self.rollout_params, use_repeat_times=True)
             tasks_run += len(tasks)
             failed += sum(r.error is not None for r in results)
+            failed_runs += sum(r.failed_runs for r in results)
+            retries += sum(r.retries for r in results)
             for r in results:
                 if not r.experiences:
                     continue
@@ -122,6 +138,8 @@ class Explorer:
                 "rollout/tasks": float(tasks_run),
                 "rollout/experiences": float(len(experiences)),
                 "rollout/failed_tasks": float(failed),
+                "rollout/failed_runs": float(failed_runs),
+                "rollout/retries": float(retries),
                 "rollout/seconds": gen_seconds,
                 "rollout/tokens_per_s": metrics.get("rollout/response_tokens", 0.0) / max(gen_seconds, 1e-9),
                 "rollout/queue_wait_seconds": time.perf_counter() - t1,
@@ -143,6 +161,7 @@ class Explorer:
         accuracy of all samples), ``best@k`` (some sample right, i.e. pass@k) and ``worst@k`` (all right).
         """
         metrics: dict[str, float] = {}
+        self._phase = "eval"
         for reader in self.eval_tasksets:
             t0 = time.perf_counter()
             results = self.run_tasks(reader.all_tasks(), self.eval_params, use_repeat_times=False)
@@ -153,6 +172,19 @@ class Explorer:
             metrics[f"{prefix}/failed_tasks"] = float(sum(r.error is not None for r in results))
             metrics[f"{prefix}/seconds"] = time.perf_counter() - t0
         return metrics
+
+    def _record_failure(self, task: Task, run_index: int | None, attempt: int, reason: str) -> None:
+        if self.failure_sink is not None:
+            self.failure_sink(
+                {
+                    "when": self._phase,
+                    "task_id": task.task_id,
+                    "workflow": task.workflow,
+                    "run_index": run_index,  # None: the whole task failed
+                    "attempt": attempt,
+                    "reason": reason,
+                }
+            )
 
     def run_tasks(
         self, tasks: Sequence[Task], params: SamplingParams, use_repeat_times: bool
@@ -165,14 +197,28 @@ class Explorer:
         def one(item: tuple[int, Task]) -> TaskResult:
             order, task = item
             n = task.repeat_times if use_repeat_times else params.n
-            handle = ModelHandle(self.model, dataclasses.replace(params, n=n), order_key=order)
+            timeout = self.workflow_timeout_s
             with self.model.worker():
-                try:
-                    workflow = get_workflow(task.workflow)(**dict(task.workflow_args))
-                    return TaskResult(task, workflow.run(task, handle))
-                except Exception as exc:  # one task fails, the step goes on
-                    log.warning("task %s failed in workflow '%s': %r", task.task_id, task.workflow, exc)
-                    return TaskResult(task, [], exc)
+                deadline = time.monotonic() + timeout if timeout else None
+                for attempt in range(self.max_retries + 1):
+                    handle = ModelHandle(self.model, dataclasses.replace(params, n=n), order, deadline)
+                    try:
+                        workflow = get_workflow(task.workflow)(**dict(task.workflow_args))
+                        experiences = workflow.run(task, handle)
+                    except Exception as exc:  # one task fails, the step goes on
+                        log.warning(
+                            "task %s failed in workflow '%s' (attempt %d of %d): %r",
+                            task.task_id, task.workflow, attempt + 1, self.max_retries + 1, exc,
+                        )  # fmt: skip
+                        self._record_failure(task, None, attempt, repr(exc))
+                        if isinstance(exc, WorkflowTimeoutError) or attempt == self.max_retries:
+                            return TaskResult(task, [], exc, retries=attempt)
+                        continue
+                    runs = list(getattr(workflow, "failed_runs", ()))
+                    for run, reason in runs:
+                        self._record_failure(task, run, attempt, reason)
+                    return TaskResult(task, experiences, failed_runs=len(runs), retries=attempt)
+            raise AssertionError("unreachable")
 
         # Announcing the workers up front makes each engine batch hold the same requests whatever the
         # thread timing, so a seeded run samples the same tokens every time. This thread drives the engine

@@ -236,8 +236,10 @@ def make_trainer(cfg: TriviumConfig, state, total: int):
     )
 
 
-def make_explorer(cfg: TriviumConfig, state, taskset=None, queue=None):
-    """An explorer over a rollout copy of ``state.model``; ``queue``: anything with ``put(experiences)``."""
+def make_explorer(cfg: TriviumConfig, state, taskset=None, queue=None, failure_log: Path | None = None):
+    """An explorer over a rollout copy of ``state.model``; ``queue``: anything with ``put(experiences)``.
+
+    ``failure_log``: a JSONL file that gets one line per failed task or episode."""
     from trivium.explorer.explorer import Explorer
 
     rollout_params, eval_params = sampling_params(cfg)
@@ -254,4 +256,22 @@ def make_explorer(cfg: TriviumConfig, state, taskset=None, queue=None):
         max_concurrency=cfg.explorer.max_concurrency,
         dynamic_sampling=cfg.algorithm.dynamic_sampling.enabled,
         max_sampling_rounds=cfg.algorithm.dynamic_sampling.max_rounds,
+        max_retries=cfg.explorer.max_retries,
+        workflow_timeout_s=cfg.explorer.workflow_timeout_s,
+        failure_sink=None if failure_log is None else jsonl_appender(failure_log),
     )
+
+
+def jsonl_appender(path: Path):
+    """A thread-safe ``record -> None`` that appends one JSON line to ``path`` (flushed at once)."""
+    import threading
+    import time
+
+    lock = threading.Lock()
+
+    def append(record: dict) -> None:
+        line = json.dumps({"time": time.time(), **record}, default=str)
+        with lock, open(path, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+
+    return append

@@ -62,7 +62,9 @@ def explore_loop(stage, run_dir: Path, writer, state, eval_due) -> None:
     taskset = build.task_reader(cfg.buffer.taskset, cfg.seed, is_eval=False)
     total = build.total_steps(cfg, len(taskset))
     storage = build.storage(cfg, run_dir)
-    explorer = build.make_explorer(cfg, state, taskset, StorageFeed(storage))  # only its put() is used
+    explorer = build.make_explorer(  # only its put() is used
+        cfg, state, taskset, StorageFeed(storage), run_dir / "failures.jsonl"
+    )
     sync = weight_sync(cfg, run_dir, rank=1)
     k = cfg.synchronizer.sync_interval
     state_file = run_dir / f"explore_state.{stage.name}.pt"

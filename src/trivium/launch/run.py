@@ -167,7 +167,7 @@ def _online_loop(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunS
     if done >= total:
         return
     feed = _feed(cfg, run_dir, per_step)
-    explorer = build.make_explorer(cfg, state, taskset, feed)
+    explorer = build.make_explorer(cfg, state, taskset, feed, run_dir / "failures.jsonl")
     trainer = build.make_trainer(cfg, state, total)
     strategy = build.sample_strategy(cfg, state.tokenizer)
     if saved is not None:

@@ -10,15 +10,23 @@ error naming the turn instead of training on misaligned tokens.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 
 class TemplateError(ValueError):
     pass
 
 
-def render_ids(tokenizer, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool) -> list[int]:
+def render_ids(
+    tokenizer,
+    messages: Sequence[Mapping[str, Any]],
+    add_generation_prompt: bool,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+) -> list[int]:
+    """Token ids of ``messages`` rendered by the tokenizer's chat template (no extra special tokens)."""
+    kwargs: dict[str, Any] = {"tools": list(tools)} if tools else {}
     text = tokenizer.apply_chat_template(
-        list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
+        [dict(m) for m in messages], tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
     )
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 

@@ -31,13 +31,26 @@ PAD, EOS, SYSTEM, USER, ASSISTANT = "<|pad|>", "<|end|>", "<|system|>", "<|user|
 SPECIAL_TOKENS = (PAD, EOS, SYSTEM, USER, ASSISTANT)
 
 # Every turn is "<|role|>\n{content}\n"; assistant turns end with the eos token instead, so a policy learns to
-# stop by emitting <|end|>. An unknown role raises instead of silently vanishing from the prompt.
+# stop by emitting <|end|>. Tools (OpenAI schema) are listed in the system turn; an assistant's tool_calls are
+# written as <tool_call> JSON blocks and tool results as a user turn wrapped in <tool_response>, the Qwen2.5
+# conventions (trivium/tools/calls.py). An unknown role raises instead of silently vanishing from the prompt.
 CHAT_TEMPLATE = (
+    "{% if tools %}<|system|>\n"
+    "{% if messages and messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n{% endif %}"
+    "Tools:{% for t in tools %}{{ '\\n' }}{{ (t['function'] if 'function' in t else t) | tojson }}{% endfor %}{{ '\\n' }}"
+    "{% endif %}"
     "{% for m in messages %}"
-    "{% if m['role'] == 'system' %}<|system|>\n{{ m['content'] }}\n"
+    "{% if m['role'] == 'system' %}{% if not (tools and loop.first) %}<|system|>\n{{ m['content'] }}\n{% endif %}"
     "{% elif m['role'] == 'user' %}<|user|>\n{{ m['content'] }}\n"
-    "{% elif m['role'] == 'assistant' %}<|assistant|>\n{{ m['content'] }}<|end|>\n"
-    "{% else %}{{ raise_exception('Unknown chat role ' ~ m['role'] ~ '; use system, user or assistant') }}"
+    "{% elif m['role'] == 'assistant' %}<|assistant|>\n{{ m['content'] if m['content'] else '' }}"
+    "{% for c in (m['tool_calls'] if m['tool_calls'] is defined and m['tool_calls'] else []) %}"
+    "{% set f = c['function'] if 'function' in c else c %}"
+    "{% if not loop.first or m['content'] %}{{ '\\n' }}{% endif %}"
+    '<tool_call>\n{"name": {{ f[\'name\'] | tojson }}, "arguments": '
+    "{{ f['arguments'] if f['arguments'] is string else f['arguments'] | tojson }}}\n</tool_call>"
+    "{% endfor %}<|end|>\n"
+    "{% elif m['role'] == 'tool' %}<|user|>\n<tool_response>\n{{ m['content'] }}\n</tool_response>\n"
+    "{% else %}{{ raise_exception('Unknown chat role ' ~ m['role'] ~ '; use system, user, assistant or tool') }}"
     "{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )

@@ -249,6 +249,8 @@ class Trainer:
             old_logprobs=old_lp,
             ref_logprobs=ref_lp,
             teacher_logprobs=teacher_lp,
+            run_ids=batch.run_ids,
+            turns=batch.turns,
         )
         if self.critic is not None:
             adv, returns, m = gae_with_returns(inputs, **self.algorithm.advantage_args)

@@ -1,0 +1,112 @@
+"""The environment contract for multi-turn workflows: text in, text out.
+
+An environment is made fresh for every episode (one run of a task). ``reset(task)`` returns the opening
+messages (the conversation the model sees first); ``step(action)`` takes the text of the model's turn and
+returns what the environment says back, a reward for that step and whether the episode is over.
+
+Observations are chat messages (``{"role": "user" | "tool" | "system", "content": str}``), not tokens:
+the workflow renders them with the model's chat template and appends their tokens to the transcript with
+action mask False. A plain string is one user message.
+
+Rewards: ``StepResult.reward`` is the reward of that step. Environments with only a final reward return 0
+until the last step. The episode return is the sum over steps.
+
+Robustness: workflows call ``step`` with a timeout (``env_timeout_s``); an environment that raises or hangs
+fails that episode only, recorded with the task id and the reason.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from trivium.types import Task
+
+__all__ = ["ENVIRONMENTS", "Environment", "Message", "StepResult", "as_messages", "make_env", "register_env"]
+
+Message = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class StepResult:
+    observation: str | Sequence[Message] = ()  # what the environment says back (ignored when done)
+    reward: float = 0.0
+    done: bool = False
+    info: Mapping[str, Any] = field(default_factory=dict)  # JSON-safe; numeric entries become metrics
+
+
+class Environment(ABC):
+    """One episode's environment. Subclasses take their ``env_args`` as keyword arguments."""
+
+    name: str = ""
+    #: Task row fields this environment needs (name -> allowed types), checked when the task set loads.
+    fields: Mapping[str, tuple[type, ...]] = {}
+
+    @abstractmethod
+    def reset(self, task: Task) -> str | Sequence[Message]:
+        """Start the episode for ``task``; the opening messages (a string is one user message)."""
+
+    @abstractmethod
+    def step(self, action: str) -> StepResult:
+        """Apply the model's turn (its text) and report what happened."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources (processes, files); called once the episode ends, also after errors."""
+
+    #: Tools the model may call (OpenAI ``tools`` schema entries); rendered by the chat template.
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        return []
+
+
+def as_messages(observation: str | Sequence[Message]) -> list[dict[str, Any]]:
+    """An observation as a list of chat messages (a plain string is one user message)."""
+    if isinstance(observation, str):
+        return [{"role": "user", "content": observation}]
+    out = [dict(m) for m in observation]
+    for k, m in enumerate(out):
+        if "role" not in m or "content" not in m:
+            raise ValueError(f"observation message {k} must have 'role' and 'content', got keys {sorted(m)}")
+    return out
+
+
+ENVIRONMENTS: dict[str, type[Environment]] = {}
+
+
+def register_env(name: str):
+    def deco(cls: type[Environment]) -> type[Environment]:
+        if name in ENVIRONMENTS:
+            raise ValueError(
+                f"environment '{name}' is already registered (by {ENVIRONMENTS[name].__module__})"
+            )
+        ENVIRONMENTS[name] = cls
+        cls.name = name
+        return cls
+
+    return deco
+
+
+def get_env_class(name: str) -> type[Environment]:
+    _load_builtins()
+    if name not in ENVIRONMENTS and "." in name:  # "package.module.ClassName"
+        import importlib
+
+        module, _, attr = name.rpartition(".")
+        return getattr(importlib.import_module(module), attr)
+    try:
+        return ENVIRONMENTS[name]
+    except KeyError:
+        raise KeyError(
+            f"unknown environment '{name}'; registered: {', '.join(sorted(ENVIRONMENTS))} "
+            "(or give a dotted path 'package.module.ClassName')"
+        ) from None
+
+
+def make_env(name: str, **env_args: Any) -> Environment:
+    return get_env_class(name)(**env_args)
+
+
+def _load_builtins() -> None:
+    # Built-in environments register on import; imported lazily (gymnasium is not needed otherwise).
+    from trivium.envs import builtin as _builtin  # noqa: F401

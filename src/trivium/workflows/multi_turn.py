@@ -1,0 +1,312 @@
+"""Multi-turn workflows over an environment: the model and the environment take turns until it is done.
+
+Two ways to turn an episode into experiences (both token-in, token-out through ``Transcript``):
+
+- ``multi_turn`` (concatenated): one experience per episode. The whole conversation is the response;
+  model tokens have action mask True, environment tokens False. Reward: the episode return (sum of step
+  rewards). Works with every advantage function (GRPO groups the task's episodes).
+- ``step_wise`` (general): one experience per model turn. Its prompt is the conversation so far, its
+  response that turn's tokens. Reward: the return from that turn on, Σ_{t'≥t} γ^{t'−t} r_{t'} (the episode
+  reward on every turn when the environment rewards only the end). ``Experience.run_index`` is the
+  episode, ``Experience.turn`` the turn; the ``step_wise_grpo`` advantage compares episodes of a task.
+  Use it when episodes outgrow the context, or when the context is rewritten between turns.
+
+The ``repeat_times`` episodes of a task step together: each round samples one turn for every live
+episode in a single model call, then steps every environment.
+
+Failures: environments are stepped in a helper thread with a timeout (``env_timeout_s``); an environment
+that raises or hangs fails its own episode (dropped, logged with task id, run and reason, and listed in
+``failed_runs`` for the explorer to record); the other episodes of the task go on. Only when every episode
+fails does the task fail. ``max_turns`` bounds an episode; an episode that would outgrow the model's
+context ends there (``reason: context``) and keeps the rewards it earned.
+
+The chat template must be prefix-stable (``trivium check-template``); a template that is not would give
+the model, in training, contexts it never sees at inference, so these workflows refuse it unless
+``allow_unstable_template`` is set.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from trivium.envs.base import Environment, StepResult, as_messages, make_env
+from trivium.models.chat import TemplateError
+from trivium.models.handle import ModelHandle
+from trivium.models.transcript import Transcript, check_template
+from trivium.types import Experience, Task
+from trivium.workflows.base import Workflow
+from trivium.workflows.registry import register_workflow
+
+log = logging.getLogger(__name__)
+
+__all__ = ["EnvTimeoutError", "MultiTurnWorkflow", "ReActWorkflow", "StepWiseWorkflow", "call_with_timeout"]
+
+
+class EnvTimeoutError(TimeoutError):
+    pass
+
+
+def call_with_timeout(fn: Callable[..., Any], *args: Any, timeout_s: float | None, what: str) -> Any:
+    """``fn(*args)`` in a daemon thread; raises ``EnvTimeoutError`` after ``timeout_s`` (None: no limit).
+
+    A hung call cannot be killed from Python: its thread is abandoned (daemon), the episode fails.
+    """
+    if not timeout_s:
+        return fn(*args)
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn(*args)
+        except BaseException as exc:  # re-raised in the caller
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name=f"env-{what}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise EnvTimeoutError(f"{what} did not return within env_timeout_s={timeout_s} s")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+_TEMPLATE_CHECKS: dict[int, Any] = {}  # id(tokenizer) -> TemplateReport
+_TEMPLATE_LOCK = threading.Lock()
+
+
+def require_stable_template(tokenizer, allow_unstable: bool) -> None:
+    with _TEMPLATE_LOCK:
+        report = _TEMPLATE_CHECKS.get(id(tokenizer))
+        if report is None:
+            report = _TEMPLATE_CHECKS[id(tokenizer)] = check_template(tokenizer)
+    if not report.stable and not allow_unstable:
+        raise TemplateError(
+            f"{report}\nMulti-turn training on this template would teach the model contexts it never sees at "
+            "inference. Fix the template (keep earlier turns as they were rendered) or set "
+            "workflow_args.allow_unstable_template: true to proceed anyway."
+        )
+
+
+@dataclass
+class Episode:
+    run_index: int
+    env: Environment
+    transcript: Transcript | None = None
+    rewards: list[float] = field(default_factory=list)  # one per model turn
+    turn_spans: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of each model turn
+    last: StepResult | None = None
+    done: bool = False
+    reason: str = ""  # why it ended: done, max_turns, context, error
+    error: str = ""
+
+
+class MultiTurnWorkflow(Workflow):
+    """Concatenated multi-turn episodes with an environment; see the module docstring.
+
+    Args (``workflow_args``): ``env`` (registered name or dotted path), ``env_args`` (keyword arguments of
+    the environment), ``max_turns`` (model turns per episode), ``env_timeout_s`` (per reset/step, 0 = no
+    limit), ``allow_unstable_template``.
+    """
+
+    default_env: ClassVar[str | None] = None
+
+    def __init__(
+        self,
+        env: str | None = None,
+        env_args: Mapping[str, Any] | None = None,
+        max_turns: int = 8,
+        env_timeout_s: float = 30.0,
+        allow_unstable_template: bool = False,
+    ):
+        env = env or self.default_env
+        if not env:
+            raise ValueError(f"workflow '{self.name}' needs workflow_args.env (an environment name)")
+        if max_turns < 1:
+            raise ValueError(f"workflow_args.max_turns={max_turns} must be >= 1")
+        self.env_name = env
+        self.env_args = dict(env_args or {})
+        self.max_turns = max_turns
+        self.env_timeout_s = env_timeout_s
+        self.allow_unstable_template = allow_unstable_template
+        self.failed_runs: list[tuple[int, str]] = []  # (run_index, reason), read by the explorer
+
+    def make_env(self) -> Environment:
+        return make_env(self.env_name, **self.env_args)
+
+    # ----------------------------------------------------------------------------------------- episodes
+    def run(self, task: Task, model: ModelHandle) -> list[Experience]:
+        require_stable_template(model.tokenizer, self.allow_unstable_template)
+        episodes = [self._start(task, model, i) for i in range(model.params.n)]
+        while live := [e for e in episodes if not e.done]:
+            room = model.max_length
+            for e in live:
+                if room is not None and len(e.transcript.tokens) + 2 > room:
+                    e.done, e.reason = True, "context"
+            live = [e for e in live if not e.done]
+            if not live:
+                break
+            generations = model.generate_many([e.transcript.ids for e in live], n=1)
+            for e, (gen,) in zip(live, generations):
+                start = len(e.transcript.tokens)
+                e.transcript.add_generation(gen)
+                e.turn_spans.append((start, len(e.transcript.tokens)))
+                self._step(task, e, gen.text)
+        self.failed_runs = [(e.run_index, e.error) for e in episodes if e.reason == "error"]
+        for run, reason in self.failed_runs:
+            log.warning("task %s run %d failed: %s", task.task_id, run, reason)
+        ok = [e for e in episodes if e.reason != "error"]
+        if not ok:
+            raise RuntimeError(f"every episode of task {task.task_id} failed; first: {episodes[0].error}")
+        return [x for e in ok for x in self.experiences(task, e)]
+
+    def _start(self, task: Task, model: ModelHandle, run_index: int) -> Episode:
+        episode = Episode(run_index, self.make_env())
+        try:
+            opening = call_with_timeout(
+                episode.env.reset, task, timeout_s=self.env_timeout_s, what=f"{self.env_name}.reset"
+            )
+            episode.transcript = Transcript(
+                model.tokenizer,
+                as_messages(opening),
+                tools=episode.env.tool_schemas() or None,
+                eos_ids=model.eos_ids,
+            )
+        except TemplateError:
+            raise
+        except Exception as exc:
+            self._fail(episode, f"reset: {exc!r}")
+        return episode
+
+    def _step(self, task: Task, e: Episode, action: str) -> None:
+        try:
+            result = call_with_timeout(
+                e.env.step, action, timeout_s=self.env_timeout_s, what=f"{self.env_name}.step"
+            )
+            if not isinstance(result, StepResult):
+                raise TypeError(
+                    f"{type(e.env).__name__}.step returned {type(result).__name__}, not StepResult"
+                )
+        except Exception as exc:
+            self._fail(e, f"step {len(e.rewards)}: {exc!r}")
+            return
+        e.rewards.append(float(result.reward))
+        e.last = result
+        if result.done:
+            e.done, e.reason = True, "done"
+        elif len(e.rewards) >= self.max_turns:
+            e.done, e.reason = True, "max_turns"
+        else:
+            try:
+                e.transcript.add_messages(as_messages(result.observation))
+            except TemplateError:
+                raise
+            except Exception as exc:
+                self._fail(e, f"observation {len(e.rewards)}: {exc!r}")
+        if e.done:
+            self._close(e)
+
+    def _fail(self, e: Episode, reason: str) -> None:
+        e.done, e.reason, e.error = True, "error", reason
+        self._close(e)
+
+    def _close(self, e: Episode) -> None:
+        try:
+            call_with_timeout(e.env.close, timeout_s=self.env_timeout_s, what=f"{self.env_name}.close")
+        except Exception as exc:
+            log.warning("closing environment %s failed: %r", self.env_name, exc)
+
+    # -------------------------------------------------------------------------------------- experiences
+    def episode_metrics(self, e: Episode) -> dict[str, float]:
+        metrics = {"turns": float(len(e.rewards)), "episode_return": float(sum(e.rewards))}
+        metrics["truncated"] = float(e.reason in ("max_turns", "context"))
+        if e.last is not None:
+            metrics.update({k: float(v) for k, v in e.last.info.items() if isinstance(v, (int, float, bool))})
+        return metrics
+
+    def experiences(self, task: Task, e: Episode) -> list[Experience]:
+        t = e.transcript
+        metrics = self.episode_metrics(e)
+        return [
+            Experience(
+                tokens=torch.tensor(t.tokens, dtype=torch.long),
+                prompt_length=t.prompt_length,
+                action_mask=torch.tensor(t.mask, dtype=torch.bool),
+                logprobs=torch.tensor(t.logprobs, dtype=torch.float32),
+                reward=float(sum(e.rewards)),
+                task_id=task.task_id,
+                run_index=e.run_index,
+                info={"end": e.reason, "turns": len(e.rewards)},
+                metrics={**metrics, "response_length": float(sum(t.mask))},
+            )
+        ]
+
+
+@register_workflow("multi_turn")
+class ConcatenatedMultiTurnWorkflow(MultiTurnWorkflow):
+    """One experience per episode, environment tokens masked (see the module docstring)."""
+
+
+@register_workflow("step_wise")
+class StepWiseWorkflow(MultiTurnWorkflow):
+    """One experience per model turn, rewarded with the return from that turn (see the module docstring).
+
+    Extra arg: ``discount`` γ for the return (1.0: every turn gets the episode's remaining reward).
+    """
+
+    def __init__(self, discount: float = 1.0, **args: Any):
+        super().__init__(**args)
+        if not 0 <= discount <= 1:
+            raise ValueError(f"workflow_args.discount={discount} must be in [0, 1]")
+        self.discount = discount
+
+    def experiences(self, task: Task, e: Episode) -> list[Experience]:
+        t = e.transcript
+        returns, running = [], 0.0
+        for r in reversed(e.rewards):
+            running = r + self.discount * running
+            returns.append(running)
+        returns.reverse()
+        metrics = self.episode_metrics(e)
+        out = []
+        for turn, ((start, end), ret) in enumerate(zip(e.turn_spans, returns)):
+            out.append(
+                Experience(
+                    tokens=torch.tensor(t.tokens[:end], dtype=torch.long),
+                    prompt_length=start,
+                    action_mask=torch.ones(end - start, dtype=torch.bool),
+                    logprobs=torch.tensor(t.logprobs[start - t.prompt_length : end - t.prompt_length]),
+                    reward=float(ret),
+                    task_id=task.task_id,
+                    run_index=e.run_index,
+                    turn=turn,
+                    info={"end": e.reason, "turns": len(e.rewards), "step_reward": e.rewards[turn]},
+                    metrics={**metrics, "response_length": float(end - start)},
+                )
+            )
+        return out
+
+
+@register_workflow("react")
+class ReActWorkflow(ConcatenatedMultiTurnWorkflow):
+    """Tool-calling ReAct: the model reasons, calls tools (``<tool_call>`` JSON blocks, see
+    ``trivium.tools.calls``), reads their results, and finally answers; the answer is scored with the
+    task's reward function. The environment defaults to ``tools``; ``tools``, ``system_prompt`` and
+    ``max_tool_calls`` are passed to it, ``max_turns`` bounds the model turns (the step limit).
+    """
+
+    default_env = "tools"
+
+    def __init__(self, tools: list[str] | None = None, system_prompt: str | None = None, **args: Any):
+        env_args = dict(args.pop("env_args", None) or {})
+        if tools is not None:
+            env_args["tools"] = list(tools)
+        if system_prompt is not None:
+            env_args["system_prompt"] = system_prompt
+        super().__init__(env_args=env_args, **args)
