@@ -7,7 +7,8 @@ that ends them) are trained on.
 Formats:
 - SFT ``prompt_response``: ``prompt`` (user message) and ``response`` (assistant message) strings.
 - SFT ``messages``: a chat ``messages`` list (system/user/assistant/tool turns, several assistant turns
-  allowed); every assistant turn is trained on.
+  allowed); every assistant turn is trained on. An optional ``tools`` column (OpenAI tool schemas) is
+  passed to the chat template, so demonstrations of tool use see the prompt the agent will see.
 - preference: ``prompt``, ``chosen`` and ``rejected`` strings.
 """
 
@@ -76,7 +77,8 @@ class SftReader(_OfflineReader):
             messages = list(task.data["messages"])
             if self.cfg.system_prompt and messages[0].get("role") != "system":
                 messages.insert(0, {"role": "system", "content": self.cfg.system_prompt})
-            tokens, mask, p = encode_conversation(self.tokenizer, messages)
+            tools = task.raw.get(self.cfg.fields.get("tools", "tools"))
+            tokens, mask, p = encode_conversation(self.tokenizer, messages, tools=tools or None)
             return _experience(tokens, p, mask[p:], task.task_id)
         prompt = _prompt_ids(self.tokenizer, task.data["prompt"], self.cfg.system_prompt)
         response = _response_ids(self.tokenizer, task.data["response"])

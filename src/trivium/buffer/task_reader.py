@@ -39,6 +39,8 @@ class TaskSetReader:
     ``fields`` maps a canonical field (what the workflow reads from ``Task.data``) to a column of the file;
     a field of ``required`` that ``fields`` does not map reads the column of the same name. ``required``
     gives the allowed Python types per field, e.g. ``{"question": (str,), "answer": (str, int, float)}``.
+    ``all_columns`` puts every column of the row in ``Task.data`` too (mapped fields win), for workflows
+    whose environment decides what it reads (multi-turn workflows).
     """
 
     def __init__(
@@ -58,6 +60,7 @@ class TaskSetReader:
         shuffle: bool = True,
         seed: int = 0,
         max_rows: int | None = None,
+        all_columns: bool = False,
     ) -> None:
         _check_args(name, repeat_times, on_bad_row, max_rows)
         self.name, self.shuffle, self.seed = name, shuffle, seed
@@ -94,7 +97,10 @@ class TaskSetReader:
         self._tasks = [
             Task(
                 task_id=f"{name}:{i}",
-                data={s.field: row[s.column] for s in specs if row.get(s.column) is not None},
+                data={
+                    **(row if all_columns else {}),
+                    **{s.field: row[s.column] for s in specs if row.get(s.column) is not None},
+                },
                 index=i,
                 raw=row,
                 **common,

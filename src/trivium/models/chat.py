@@ -32,7 +32,7 @@ def render_ids(
 
 
 def encode_conversation(
-    tokenizer, messages: Sequence[Mapping[str, str]]
+    tokenizer, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
 ) -> tuple[list[int], list[bool], int]:
     """``(tokens, assistant_mask, prompt_length)`` of a whole conversation.
 
@@ -48,8 +48,8 @@ def encode_conversation(
     for k, message in enumerate(messages):
         if message.get("role") != "assistant":
             continue
-        before = render_ids(tokenizer, messages[:k], add_generation_prompt=True)
-        after = render_ids(tokenizer, messages[: k + 1], add_generation_prompt=False)
+        before = render_ids(tokenizer, messages[:k], True, tools)
+        after = render_ids(tokenizer, messages[: k + 1], False, tools)
         if before[: len(tokens)] != tokens or after[: len(before)] != before:
             raise TemplateError(
                 f"the chat template is not prefix-stable at turn {k} (role {message.get('role')!r}): rendering "

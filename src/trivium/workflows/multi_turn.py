@@ -116,6 +116,7 @@ class MultiTurnWorkflow(Workflow):
     """
 
     default_env: ClassVar[str | None] = None
+    reads_all_columns: ClassVar[bool] = True  # the environment reads what it needs from the task row
 
     def __init__(
         self,
