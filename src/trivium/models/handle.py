@@ -30,6 +30,11 @@ class ModelHandle:
         self.deadline = deadline  # time.monotonic() after which model calls raise WorkflowTimeoutError
 
     @property
+    def rollout_model(self) -> Any:
+        """The shared rollout model behind this handle (e.g. for an endpoint serving it to an agent)."""
+        return self._model
+
+    @property
     def tokenizer(self):
         return self._model.tokenizer
 
