@@ -73,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "httpx2", "httpcore", "openai"):  # one INFO line per HTTP request otherwise
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     return args.func(args)
 
 

@@ -124,5 +124,11 @@ def test_oversize_put_goes_in_once_the_queue_is_empty():
 def test_bad_sizes():
     with pytest.raises(ValueError, match="capacity must be >= 1"):
         ExperienceQueue(0)
-    with pytest.raises(ValueError, match="raise the capacity to at least the batch size"):
-        ExperienceQueue(4).get(5)
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        ExperienceQueue(4).get(0)
+
+
+def test_a_step_larger_than_the_capacity_passes_whole():
+    q = ExperienceQueue(capacity=4)
+    q.put(exps(6))  # one step of a step-wise workflow: more experiences than runs
+    assert [e.task_id for e in q.get(6)] == [f"t:{i}" for i in range(6)]

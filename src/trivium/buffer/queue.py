@@ -75,12 +75,14 @@ class ExperienceQueue:
             self._cond.notify_all()
 
     def get(self, n: int, timeout: float | None = None) -> list[Experience]:
-        """Take the ``n`` oldest experiences, waiting (up to ``timeout`` s) until there are ``n``."""
-        if not 1 <= n <= self.capacity:
-            raise ValueError(
-                f"ExperienceQueue.get(n={n}): n must be in [1, capacity={self.capacity}]; a batch larger "
-                "than the capacity could never be gathered, so raise the capacity to at least the batch size"
-            )
+        """Take the ``n`` oldest experiences, waiting (up to ``timeout`` s) until there are ``n``.
+
+        ``n`` may exceed the capacity: a producer that puts a whole step at once (the explorer does; a
+        step-wise multi-turn step holds more experiences than runs) gets in once the queue is empty. Many
+        small puts can never add up to more than the capacity, so such a get would then time out.
+        """
+        if n < 1:
+            raise ValueError(f"ExperienceQueue.get(n={n}): n must be >= 1")
         with self._cond:
             self._cond.wait_for(lambda: self._closed or len(self._items) >= n, timeout)
             if len(self._items) < n:

@@ -13,6 +13,13 @@ Exactly-once across crashes (SIGKILL at any point, in the writer or the reader):
   hands every other open claim of that consumer back: batches read after that checkpoint are served
   again, batches trained into it never are.
 
+Delayed rewards (serve mode): ``write(..., pending=True)`` stores experiences whose reward is not known
+yet. A pending experience is never read; ``attach_reward(task_id, reward)`` sets the reward of the pending
+experiences of ``task_id`` (a served call's id) and makes them ready in one transaction, so a trainer
+sees each of them once, with its reward, or not at all. A reward is attached once: a second one for the
+same experience raises ``RewardConflict`` (the first may already be trained on), an id with no
+experiences raises ``UnknownExperience``.
+
 Records: ``experience_to_record`` turns an ``Experience`` into ``{"format", "fields", "tensors"}``:
 every tensor field in one safetensors blob (dtype and shape kept exactly), every other field as a JSON
 object. It walks the dataclass fields, so a field added to ``Experience`` later is stored without a
@@ -43,19 +50,29 @@ __all__ = [
     "Claim",
     "ExperienceStorage",
     "Record",
+    "RewardConflict",
     "Status",
     "StorageError",
+    "UnknownExperience",
     "experience_to_record",
     "record_to_experience",
 ]
 
 RECORD_FORMAT = 1
-Status = Literal["ready", "claimed", "consumed"]
-STATUSES: tuple[Status, ...] = ("ready", "claimed", "consumed")
+Status = Literal["pending", "ready", "claimed", "consumed"]  # pending: waits for its reward, never read
+STATUSES: tuple[Status, ...] = ("pending", "ready", "claimed", "consumed")
 
 
 class StorageError(RuntimeError):
     """A storage could not be opened or used, or a record or claim is not what it should be."""
+
+
+class UnknownExperience(StorageError, LookupError):
+    """``attach_reward`` named a task id (or a run index of it) that the storage holds no experience for."""
+
+
+class RewardConflict(StorageError):
+    """``attach_reward`` for experiences that already have a reward (attached before, or written ready)."""
 
 
 @dataclass(frozen=True)
@@ -77,10 +94,27 @@ class Claim:
 
 
 class ExperienceStorage(Protocol):
-    def write(self, experiences: Sequence[Experience], *, key: str | None = None) -> list[int]:
+    def write(
+        self, experiences: Sequence[Experience], *, key: str | None = None, pending: bool = False
+    ) -> list[int]:
         """Store all of ``experiences`` or none; durable on return. Returns their ids, in order.
 
-        A ``key`` already written returns the ids stored under it and writes nothing.
+        A ``key`` already written returns the ids stored under it and writes nothing. ``pending``: their
+        rewards are not known yet; no reader gets them until ``attach_reward`` makes them ready.
+        """
+        ...
+
+    def attach_reward(
+        self,
+        task_id: str,
+        reward: float,
+        *,
+        run_index: int | None = None,
+        info: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        """Set the reward of the pending experiences of ``task_id`` (only the one with ``run_index`` when
+        given) and make them ready, all or none; ``info`` goes into their ``info["feedback"]``. Returns
+        their ids. Raises ``UnknownExperience`` or ``RewardConflict`` (then nothing changed).
         """
         ...
 

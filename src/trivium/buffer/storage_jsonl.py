@@ -19,7 +19,9 @@ Limits: one reader process per consumer name (the cursor file is locked; a secon
 every consumer name reads every experience: names give independent cursors, not a shared work queue as
 in ``SqlStorage``. Claims are committed in read order. Only the FIFO policy: a replay policy needs
 per-experience use counts, which an append-only file cannot update; use ``SqlStorage`` for replay.
-``count`` reads the whole file.
+No delayed rewards either (``write(pending=True)``, ``attach_reward``: serve mode): they rewrite a
+stored experience; they raise ``NotImplementedError`` naming ``SqlStorage``. ``count`` reads the whole
+file.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import fcntl
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +68,11 @@ class JsonlStorage:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def write(self, experiences: Sequence[Experience], *, key: str | None = None) -> list[int]:
+    def write(
+        self, experiences: Sequence[Experience], *, key: str | None = None, pending: bool = False
+    ) -> list[int]:
+        if pending:
+            raise NotImplementedError(_NO_REWARDS.format(path=self.path, what="write(pending=True)"))
         if not experiences:
             return []
         records = [experience_to_record(e) for e in experiences]  # fail on bad data before locking
@@ -92,6 +98,16 @@ class JsonlStorage:
             return ids
         finally:
             os.close(fd)  # releases the lock
+
+    def attach_reward(
+        self,
+        task_id: str,
+        reward: float,
+        *,
+        run_index: int | None = None,
+        info: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        raise NotImplementedError(_NO_REWARDS.format(path=self.path, what="attach_reward"))
 
     def read(
         self,
@@ -171,6 +187,8 @@ class JsonlStorage:
         offsets = [o for o, _, _ in self._scan(0, None, decode=False)]
         if status is None:
             return len(offsets)
+        if status == "pending":
+            return 0  # this storage has no delayed rewards
         readers = list(self._readers.values())
         cursor = min((r.cursor for r in readers), default=0)
         position = max((r.position for r in readers), default=0)
@@ -245,6 +263,13 @@ class JsonlStorage:
             os.fsync(fd)
         self._scanned_to = end
         return end
+
+
+_NO_REWARDS = (
+    "experience storage {path}: JSONL storage does not support {what} (delayed rewards, serve mode): an "
+    "append-only file cannot change a stored experience; use SqlStorage (buffer.storage.url: a SQLite file "
+    "or a PostgreSQL URL)"
+)
 
 
 class _Reader:

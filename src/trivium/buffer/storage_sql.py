@@ -14,6 +14,11 @@ Design decisions:
   so concurrent readers take disjoint rows without waiting for each other.
 - FIFO order is id order. With several concurrent writers on PostgreSQL a smaller id can commit after a
   larger one and be served after it; nothing is lost or served twice.
+- Delayed rewards: a pending row has status ``pending``, which no read selects (serve mode writes its
+  reward as NaN). ``attach_reward`` finds the rows by the ``task_id`` column (a served call's id;
+  indexed), rewrites the reward in their record and sets them ``ready`` in one transaction, under the
+  same locks as a claim. A pending row rewarded late keeps its id, so FIFO serves it before rows written
+  after it. Databases written before this index existed get it when opened; their rows read as before.
 
 Left out: other databases (MySQL would need testing of its locking), schema migrations (the tables carry
 a record format number; a new format needs a new reader, not an ALTER), SQLite on network filesystems
@@ -23,12 +28,13 @@ a record format number; a new format needs a new reader, not an ALTER), SQLite o
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import time
 import uuid
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -40,8 +46,11 @@ from trivium.buffer.sql_engine import create_engine, explain, parse_url
 from trivium.buffer.storage import (
     STATUSES,
     Claim,
+    RewardConflict,
     Status,
     StorageError,
+    UnknownExperience,
+    _json_safe,
     experience_to_record,
     record_to_experience,
 )
@@ -87,13 +96,15 @@ class SqlStorage:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def write(self, experiences: Sequence[Experience], *, key: str | None = None) -> list[int]:
+    def write(
+        self, experiences: Sequence[Experience], *, key: str | None = None, pending: bool = False
+    ) -> list[int]:
         if not experiences:
             return []
         if key is not None and not 1 <= len(key) <= 255:
             raise ValueError(f"SqlStorage.write(key={key!r}): a write key has 1 to 255 characters")
         now = time.time()
-        values = [_row_values(e, key, now) for e in experiences]
+        values = [_row_values(e, key, now, "pending" if pending else "ready") for e in experiences]
         rows = self._rows
         try:
             with self._begin(f"writing {len(values)} experiences") as conn:
@@ -111,6 +122,50 @@ class SqlStorage:
         if not ids:
             raise conflict  # not a repeated key: some other constraint failed
         return ids
+
+    def attach_reward(
+        self,
+        task_id: str,
+        reward: float,
+        *,
+        run_index: int | None = None,
+        info: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        reward = float(reward)
+        if not math.isfinite(reward):
+            raise ValueError(f"attach_reward({task_id!r}, reward={reward}): a reward must be a finite number")
+        feedback = _json_safe(dict(info), "feedback info", task_id) if info else None
+        rows = self._rows
+        with self._begin(f"attaching a reward to {task_id!r}") as conn:
+            found = conn.execute(
+                sa.select(rows.c.id, rows.c.status, rows.c.fields)
+                .where(rows.c.task_id == task_id)
+                .order_by(rows.c.id)
+                .with_for_update()
+            ).all()
+            targets = [(r, json.loads(r.fields)) for r in found]
+            if run_index is not None:
+                targets = [(r, f) for r, f in targets if f.get("run_index") == run_index]
+            if not targets:
+                raise UnknownExperience(self._unknown(task_id, run_index, found))
+            done = [(r, f) for r, f in targets if r.status != "pending"]
+            if done:
+                raise RewardConflict(self._conflict(task_id, *done[0]))
+            now = time.time()
+            updates = []
+            for r, fields in targets:
+                fields["reward"] = reward
+                fields["info"] = {**fields.get("info", {}), "rewarded_at": now}
+                if feedback is not None:
+                    fields["info"]["feedback"] = feedback
+                updates.append({"row": r.id, "new_fields": json.dumps(fields)})
+            conn.execute(
+                sa.update(rows)
+                .where(rows.c.id == sa.bindparam("row"))
+                .values(status="ready", fields=sa.bindparam("new_fields")),
+                updates,
+            )
+        return [r.id for r, _ in targets]
 
     def read(
         self,
@@ -252,6 +307,29 @@ class SqlStorage:
             by_id = {r.id: self._decode(r) for r in payload}
         return Claim(token, consumer, step, tuple(ids), tuple(by_id[i] for i in ids))
 
+    def _unknown(self, task_id: str, run_index: int | None, found: Sequence[sa.Row]) -> str:
+        where = f"experience storage {self.where} table {self.table}"
+        if not found:
+            return (
+                f"{where} holds no experience of task {task_id!r}; give the id of a recorded call (the "
+                "response's 'id'), written to this storage"
+            )
+        indices = sorted({json.loads(r.fields).get("run_index") for r in found})
+        return (
+            f"{where}: task {task_id!r} has no experience with run index (choice) {run_index}; it has "
+            f"{indices}. Omit the choice to reward all of them"
+        )
+
+    def _conflict(self, task_id: str, row: sa.Row, fields: Mapping[str, Any]) -> str:
+        when = fields.get("info", {}).get("rewarded_at")
+        how = "it was written with its reward" if when is None else f"its reward was attached at {when:.3f}"
+        return (
+            f"experience storage {self.where} table {self.table} id {row.id} (task {task_id!r}, run index "
+            f"{fields.get('run_index')}) already has the reward {fields.get('reward')} ({how}; status "
+            f"{row.status}). A reward is attached once, because a trainer may already have trained on the "
+            "first; nothing was changed"
+        )
+
     def _next_step(self, conn: sa.Connection, consumer: str) -> int:
         claims = self._claims
         last = conn.execute(sa.select(sa.func.max(claims.c.step)).where(claims.c.consumer == consumer))
@@ -277,8 +355,9 @@ class SqlStorage:
             f"experience storage {self.where}: read(n={n}, policy={policy}, consumer={consumer!r}) timed "
             f"out after {timeout} s with {eligible} eligible experiences ({counts}). The writer (explorer) "
             "has produced fewer than this reader asks for: check that it is running and writing to this "
-            "storage, or raise the timeout; under a replay policy, max_uses or cooldown_steps may also "
-            "hold experiences back"
+            "storage, or raise the timeout; pending experiences wait for their reward (POST /feedback of "
+            "the serve process); under a replay policy, max_uses or cooldown_steps may also hold "
+            "experiences back"
         )
 
     def _create_schema(self) -> None:
@@ -288,6 +367,8 @@ class SqlStorage:
                 lock = zlib.crc32(self.table.encode())
                 conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": lock})
             self._rows.metadata.create_all(conn)
+            for index in self._rows.indexes:  # a table made by an older trivium lacks the newer ones
+                index.create(conn, checkfirst=True)
 
     @contextmanager
     def _begin(self, doing: str) -> Iterator[sa.Connection]:
@@ -313,10 +394,10 @@ def _selection(rows: sa.Table, policy: ReadPolicy, step: int) -> tuple[list[Any]
     return where, [priority.desc(), rows.c.id], policy.max_uses
 
 
-def _row_values(e: Experience, key: str | None, now: float) -> dict[str, Any]:
+def _row_values(e: Experience, key: str | None, now: float, status: Status) -> dict[str, Any]:
     record = experience_to_record(e)
     return {
-        "status": "ready",
+        "status": status,
         "claim_token": None,
         "use_count": 0,
         "last_use_step": None,
@@ -353,6 +434,7 @@ def _tables(name: str) -> tuple[sa.Table, sa.Table, sa.Table]:
         sa.Index(f"{name}_status_id", "status", "id"),
         sa.Index(f"{name}_claim_token", "claim_token"),
         sa.Index(f"{name}_write_key", "write_key"),
+        sa.Index(f"{name}_task_id", "task_id"),  # attach_reward looks rows up by it
         sqlite_autoincrement=True,  # ids are never reused
     )
     claims = sa.Table(

@@ -372,6 +372,26 @@ class BenchConfig(StrictModel):
     """Evaluate model.path too (the starting point)."""
 
 
+class ServeConfig(StrictModel):
+    """Mode serve: the OpenAI-compatible endpoint over the current policy (see docs/serve.md)."""
+
+    host: str = "127.0.0.1"
+    """Interface to listen on; 0.0.0.0 serves other machines (set api_key_env then)."""
+    port: int = Field(0, ge=0, le=65535)
+    """Port; 0 = a free one. The chosen URL is written to serve.json in the run folder."""
+    api_key_env: str = ""
+    """Name of an environment variable holding the API key that every /v1 and /feedback request must
+    send (Authorization: Bearer KEY); empty = no key. A variable, so the key stays out of the run folder's
+    resolved config."""
+    model_name: str = ""
+    """Model name in responses and /v1/models; empty = the run name."""
+    poll_interval_s: float = Field(5.0, gt=0)
+    """Seconds between looks for a newer weights version published by the train process."""
+    keep_calls: int = Field(1000, ge=1)
+    """Calls kept in memory so that a chat continuing an earlier one reuses its sampled token ids; the
+    oldest are dropped after this many (every call is in the buffer already)."""
+
+
 class TriviumConfig(StrictModel):
     project: str = "trivium"
     """Project folder under checkpoint_root."""
@@ -379,10 +399,11 @@ class TriviumConfig(StrictModel):
     """Run name; the run folder is {checkpoint_root}/{project}/{name}."""
     checkpoint_root: str = "runs"
     """Root of run folders, relative to the working directory."""
-    mode: Literal["both", "explore", "train", "bench"] = "both"
+    mode: Literal["both", "explore", "train", "bench", "serve"] = "both"
     """both: explorer + trainer (online RL); explore: explorer only, writing buffer.storage; train: trainer
     only, from a dataset (SFT, DPO) or from buffer.storage (online algorithms); bench: evaluate the base
-    model and checkpoints on the eval task sets."""
+    model and checkpoints on the eval task sets; serve: answer live traffic, record it into buffer.storage
+    and reward it later by POST /feedback, following the weights a train process publishes."""
     seed: int = 0
     """Seed for Python, torch and data order."""
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -403,6 +424,8 @@ class TriviumConfig(StrictModel):
     """Metrics and progress display."""
     bench: BenchConfig = Field(default_factory=BenchConfig)
     """What mode bench evaluates."""
+    serve: ServeConfig = Field(default_factory=ServeConfig)
+    """The endpoint of mode serve."""
     stages: list[dict[str, Any]] = Field(default_factory=list)
     """Stages run in order, each from the previous stage's final weights. Each entry has a 'name' and
     any top-level sections to override (mode, buffer, algorithm, trainer, ...)."""

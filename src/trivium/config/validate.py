@@ -69,7 +69,46 @@ def check_semantics(cfg: TriviumConfig, prefix: str = "", check_files: bool = Tr
     problems += _check_model(cfg, at, check_files)
     problems += _check_algorithm(cfg, at)
     problems += _check_data(cfg, at, check_files)
+    problems += _check_serve(cfg, at)
     return problems
+
+
+def _check_serve(cfg: TriviumConfig, at) -> list[Problem]:
+    """Mode serve records into a SQL buffer and follows the weights of a separate train process."""
+    import os
+
+    if cfg.mode != "serve":
+        return []
+    out = []
+    if cfg.buffer.storage is None:
+        out.append(
+            Problem(
+                at("buffer.storage"),
+                None,
+                "mode 'serve' records every call into a persistent SQL buffer, rewarded later by /feedback",
+                "set buffer.storage (e.g. {} for a SQLite file in the run folder, or url: postgresql+psycopg2://...)",
+            )
+        )
+    if cfg.synchronizer.method != "checkpoint":
+        out.append(
+            Problem(
+                at("synchronizer.method"),
+                cfg.synchronizer.method,
+                "mode 'serve' picks up the weights that a separate train process publishes as files",
+                "use method: checkpoint (the same config in mode train publishes them)",
+            )
+        )
+    key_env = cfg.serve.api_key_env
+    if key_env and not os.environ.get(key_env):
+        out.append(
+            Problem(
+                at("serve.api_key_env"),
+                key_env,
+                "this environment variable holds the API key, but it is not set or empty",
+                f"export {key_env}=<key> before starting, or set serve.api_key_env: '' to serve without a key",
+            )
+        )
+    return out
 
 
 def _check_model(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
@@ -246,13 +285,14 @@ def _check_data(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
                 "remove it (use sync_interval)",
             )
         )
-    if cfg.mode == "train" and buf.storage is not None and buf.taskset is None:
+    if cfg.mode == "train" and buf.storage is not None and buf.taskset is None and not buf.total_steps:
         out.append(
             Problem(
-                at("buffer.taskset"),
+                at("buffer.total_steps"),
                 None,
-                "a train process fed by an explore process sizes its batches by the task set",
-                "use the explore process's config (with buffer.taskset) for both",
+                "a train process reading the buffer without a task set (e.g. fed by serve mode) trains "
+                "buffer.batch_size experiences a step and needs to know how many steps",
+                "set buffer.total_steps, or use the explore process's config (with buffer.taskset)",
             )
         )
     if cfg.mode in ("both", "explore") and buf.taskset is None:

@@ -57,6 +57,7 @@ class ToolEnv(Environment):
         system_prompt: str | None = None,
         question_field: str = "question",
         max_tool_calls: int = 4,
+        show_tools: bool = True,
     ):
         if isinstance(tools, str):
             raise TypeError(
@@ -68,13 +69,16 @@ class ToolEnv(Environment):
         self.system_prompt = DEFAULT_SYSTEM_PROMPT if system_prompt is None else system_prompt
         self.question_field = question_field
         self.max_tool_calls = max_tool_calls
+        self.show_tools = bool(show_tools)
         self.fields = {question_field: (str,)}
         self.task: Task | None = None
         self.tool_calls = self.tool_errors = self.turns = 0
         self.done = False
 
     def tool_schemas(self) -> list[dict[str, Any]]:
-        return [tool.schema() for tool in self.tools.values()]
+        """The tools' schemas for the chat template; none when ``show_tools`` is False (a model that
+        learned the tools from demonstrations, e.g. a tiny one, then gets a much shorter prompt)."""
+        return [tool.schema() for tool in self.tools.values()] if self.show_tools else []
 
     def reset(self, task: Task) -> list[dict[str, Any]]:
         question = task.data.get(self.question_field)
@@ -139,11 +143,16 @@ class CalculatorEnv(ToolEnv):
     """``ToolEnv`` with the calculator as its only tool (the same arguments, less ``tools``)."""
 
     def __init__(
-        self, system_prompt: str | None = None, question_field: str = "question", max_tool_calls: int = 4
+        self,
+        system_prompt: str | None = None,
+        question_field: str = "question",
+        max_tool_calls: int = 4,
+        show_tools: bool = True,
     ):
         super().__init__(
             tools=("calculator",),
             system_prompt=system_prompt,
             question_field=question_field,
             max_tool_calls=max_tool_calls,
+            show_tools=show_tools,
         )

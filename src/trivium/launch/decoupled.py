@@ -145,8 +145,11 @@ def train_from_storage_loop(stage, run_dir: Path, writer, state, finish_step) ->
 
     cfg = stage.config
     s = cfg.buffer.storage
-    per_step = cfg.buffer.batch_size * cfg.buffer.taskset.repeat_times
-    total = build.total_steps(cfg, len(build.task_reader(cfg.buffer.taskset, cfg.seed, is_eval=False)))
+    if cfg.buffer.taskset is not None:  # fed by an explore process: a step is its batch of task groups
+        per_step = cfg.buffer.batch_size * cfg.buffer.taskset.repeat_times
+        total = build.total_steps(cfg, len(build.task_reader(cfg.buffer.taskset, cfg.seed, is_eval=False)))
+    else:  # fed by a serve process (or any writer): batch_size experiences a step, total_steps set
+        per_step, total = cfg.buffer.batch_size, cfg.buffer.total_steps
     done, saved = _take_resume(run_dir, stage, state, cfg)
     policy = FIFO if s.policy == "fifo" else ReplayPolicy(**s.replay.model_dump())
     feed = StorageFeed(build.storage(cfg, run_dir), policy=policy, timeout_s=s.read_timeout_s)
@@ -179,7 +182,7 @@ def train_from_storage_loop(stage, run_dir: Path, writer, state, finish_step) ->
                 cfg.synchronizer.staleness_policy,
             )
             record.update(stale)
-            record.update(trainer.train_step(experiences))
+            record.update(trainer.train_step(experiences) if experiences else {"train/skipped_steps": 1.0})
             maybe_die("train", step)
             if step % cfg.synchronizer.sync_interval == 0 or step == total:
                 state.version = start_version + step

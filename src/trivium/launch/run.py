@@ -39,9 +39,10 @@ def run_dir_of(run: RunConfig) -> Path:
 def run(run_cfg: RunConfig, overwrite: bool = False, resume: bool = True) -> Path:
     """Run every stage; on a run folder that already holds a run, continue it from its newest checkpoint."""
     run_dir = run_dir_of(run_cfg)
-    # An explore and a train process share one run folder: whichever starts second joins it.
+    # An explore (or serve) and a train process share one run folder: whichever starts second joins it.
     shared = all(
-        s.config.buffer.storage is not None and s.config.mode in ("explore", "train") for s in run_cfg.stages
+        s.config.buffer.storage is not None and s.config.mode in ("explore", "train", "serve")
+        for s in run_cfg.stages
     )
     names = [s.name for s in run_cfg.stages]
     point = None
@@ -147,6 +148,10 @@ def run_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunStat
         from trivium.launch.decoupled import explore_loop
 
         explore_loop(stage, run_dir, writer, state, _eval_due)
+    elif cfg.mode == "serve":
+        from trivium.serve.serve_mode import serve
+
+        serve(cfg, run_dir, state.model, state.tokenizer)
     elif cfg.mode == "train" and cfg.buffer.storage is not None:
         from trivium.launch.decoupled import train_from_storage_loop
 

@@ -71,6 +71,9 @@ class TransformersEngine:
         else:
             self.generator.manual_seed(seed)
         self._lock = threading.Lock()
+        # Run one torch op on the constructing (usually the main) thread: when the first op of the process
+        # ran on a worker thread instead (a server's request thread), decoding there was ~10x slower on CPU.
+        torch.ones(8, 8) @ torch.ones(8, 8)
 
     @classmethod
     def from_pretrained(

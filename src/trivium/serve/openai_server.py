@@ -21,6 +21,7 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import uvicorn
@@ -52,11 +53,14 @@ def create_app(
     recorder: Recorder | None = None,
     api_key: str | None = None,
     default_params: SamplingParams | None = None,
+    extra_routes: Sequence[tuple[str, Callable[..., Any], Sequence[str]]] = (),
 ) -> FastAPI:
     """A FastAPI app serving ``model`` (a RolloutModel: ``.tokenizer``, ``.version``, ``.generate``).
 
     Without ``recorder`` nothing is recorded and ``/sessions/...`` routes answer 404. Serving the app with
     your own server? Call ``recorder.bind(root_url, api_key)`` so that ``session.client()`` knows the URL.
+    ``extra_routes``: ``(path, endpoint, methods)`` served like the ``/v1`` routes (API key, error format),
+    e.g. serve mode's ``POST /feedback``.
     """
     service = Service(model, model_name, recorder, default_params)
     app = FastAPI(title=f"trivium: {model_name}")
@@ -96,6 +100,7 @@ def create_app(
         ("/sessions/{session_id}/v1/models", session_models, ["GET"]),
         ("/sessions/{session_id}/v1/chat/completions", chat_in_session, ["POST"]),
         ("/sessions/{session_id}/v1/completions", completions_in_session, ["POST"]),
+        *extra_routes,
     ]
     for path, endpoint, methods in routes:
         app.add_api_route(path, endpoint, methods=methods, dependencies=auth, response_model=None)
@@ -183,9 +188,15 @@ class OpenAIServer:
         host: str = "127.0.0.1",
         port: int = 0,
         log_level: str = "warning",
+        extra_routes: Sequence[tuple[str, Callable[..., Any], Sequence[str]]] = (),
     ):
         self.app = create_app(
-            model, model_name=model_name, recorder=recorder, api_key=api_key, default_params=default_params
+            model,
+            model_name=model_name,
+            recorder=recorder,
+            api_key=api_key,
+            default_params=default_params,
+            extra_routes=extra_routes,
         )
         self.recorder, self.api_key = recorder, api_key
         self.host, self.port, self.log_level = host, port, log_level

@@ -274,7 +274,8 @@ class RecordingSession:
                 if messages[:k] != [dict(m) for m in call.messages or ()]:
                     continue
                 for choice in call.choices:
-                    if dict(choice.message) == messages[k]:
+                    # Frameworks add a speaker `name` to the reply they send back; it is not the model's.
+                    if _without_name(choice.message) == _without_name(messages[k]):
                         transcript, generations = self._chat[call.call_id]
                         best = (call, transcript, generations[choice.index], choice.message)
                         break
@@ -344,6 +345,10 @@ class Recorder:
     def _forget(self, session_id: str) -> None:
         with self._lock:
             self._sessions.pop(session_id, None)
+
+
+def _without_name(message: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in message.items() if k != "name"}
 
 
 def new_call_id(kind: Literal["chat", "completion"]) -> str:

@@ -4,8 +4,8 @@ Two tasks, each written as train/test task sets and SFT demonstrations (chat ``m
 agent sees), by running the real environments (``trivium.envs``) with a scripted teacher, so that the
 demonstrations hold exactly the observations the agent will get:
 
-- ``calculator``: "What is 47 * 86?" — the agent calls the calculator tool (``<tool_call>`` JSON), reads
-  the result and answers ``#### 4042``. A tiny model cannot multiply in its head, so answering without the
+- ``calculator``: "What is 47 * 16?" — the agent calls the calculator tool (``<tool_call>`` JSON), reads
+  the result and answers ``#### 752``. A tiny model cannot multiply in its head, so answering without the
   tool is almost always wrong. The teacher skips the tool and guesses with a fixed probability *per
   operation* (``SKIP_TOOL``): after SFT the agent uses the tool for ``+`` and guesses for ``*``, a gap the
   answer reward closes.
@@ -30,6 +30,10 @@ from trivium.types import Task
 __all__ = ["CONFUSION", "SKIP_TOOL", "write_calculator", "write_frozenlake"]
 
 SKIP_TOOL = {"+": 0.15, "-": 0.5, "*": 0.8}  # chance that the calculator teacher guesses instead
+# The tiny agent learns the tool's call format from the demonstrations: no system prompt, no schema in the
+# prompt. A long prompt in front of the question kept a 1M model from learning to copy numbers (measured:
+# with the schema, 800 SFT steps left every digit copy wrong on held-out questions).
+CALCULATOR_ENV_ARGS = {"system_prompt": "", "show_tools": False}
 CONFUSION = 0.6  # chance that the FrozenLake teacher says "down" where "right" is best
 _OPS = ("+", "-", "*")
 _QUESTION = ("What is {a} {op} {b}?", "Compute {a} {op} {b}.")
@@ -46,9 +50,9 @@ def calculator_rows(n: int, seed: int, exclude: set[str] = frozenset()) -> list[
     while len(rows) < n:
         op = rng.choice(_OPS)
         if op == "*":
-            a, b = rng.randint(12, 99), rng.randint(12, 99)
+            a, b = rng.randint(12, 99), rng.randint(3, 19)
         else:
-            a, b = rng.randint(100, 999), rng.randint(100, 999)
+            a, b = rng.randint(10, 99), rng.randint(10, 99)
             if op == "-" and b > a:
                 a, b = b, a
         question = rng.choice(_QUESTION).format(a=a, op=op, b=b)
@@ -72,7 +76,7 @@ def calculator_demo(row: dict[str, Any], rng: random.Random, env_args: dict | No
     """The teacher's episode for ``row`` as ``{"messages", "tools"}`` (run through the real environment)."""
     from trivium.tools import format_tool_call
 
-    env = make_env("calculator", **(env_args or {}))
+    env = make_env("calculator", **(CALCULATOR_ENV_ARGS if env_args is None else env_args))
     task = Task("demo", row, "react", "math_verify")
     if rng.random() < SKIP_TOOL[row["op"]]:
         turns = [f"#### {_wrong_guess(int(row['answer']), rng)}"]
@@ -81,7 +85,7 @@ def calculator_demo(row: dict[str, Any], rng: random.Random, env_args: dict | No
     return {**_run_teacher(env, task, turns), "op": row["op"]}
 
 
-def write_calculator(out_dir: str | Path, *, seed: int = 0, n_train=2000, n_test=200, n_sft=3000) -> dict:
+def write_calculator(out_dir: str | Path, *, seed: int = 0, n_train=2000, n_test=200, n_sft=12000) -> dict:
     """``train``/``test`` task sets (``question``, ``answer``), ``sft`` demonstrations and a tokenizer
     ``corpus``, as JSONL files in ``out_dir``; returns their paths."""
     train = calculator_rows(n_train, seed * 3 + 0)
@@ -126,7 +130,7 @@ def frozenlake_demo(row: dict[str, Any], rng: random.Random, max_turns: int) -> 
 
 
 def write_frozenlake(
-    out_dir: str | Path, *, seed: int = 0, size: int = 4, n_train=2000, n_test=200, n_sft=3000, max_turns=8
+    out_dir: str | Path, *, seed: int = 0, size: int = 4, n_train=2000, n_test=200, n_sft=8000, max_turns=8
 ) -> dict:
     """Task sets of ``{"size", "seed"}`` maps (test seeds disjoint from train/SFT), teacher demonstrations
     of at most ``max_turns`` moves, and a tokenizer corpus, as JSONL files in ``out_dir``."""

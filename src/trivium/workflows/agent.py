@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -85,6 +87,8 @@ def load_agent(path: str) -> Callable[[Task, AgentAPI], Any]:
     module, _, name = path.rpartition(".")
     if not module:
         raise ValueError(f"workflow_args.agent={path!r} must be a dotted path 'package.module.function'")
+    if os.getcwd() not in sys.path:  # `trivium` (a console script) does not put the working folder there
+        sys.path.append(os.getcwd())
     try:
         fn = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as exc:
