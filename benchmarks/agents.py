@@ -8,7 +8,8 @@ For each task it writes the example data (examples/agents/make_data.py), runs
 ``trivium run --config examples/agents/<task>.yaml`` (a tiny model made from the data, SFT on a confused
 teacher's demonstrations, then GRPO through the multi-turn workflow), and prints the greedy success rate
 on the held-out test set at the end of SFT (start) and at the end of GRPO (end), with the curve. Results go
-to benchmarks/results/agents.md and the curves to docs/agents_<task>.png.
+to benchmarks/results/agents_last_run.md (the README's figures and their records are in agents.md) and the
+curves to docs/agents_<task>.png.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def main() -> int:
         )
     table = "\n".join(lines)
     print("\n" + table)
-    out = ROOT / "benchmarks" / "results" / "agents.md"
+    out = ROOT / "benchmarks" / "results" / "agents_last_run.md"
     out.write_text(
         "# Agent learning benchmark\n\n`python benchmarks/agents.py` on 2 CPU cores (fp32).\n\n"
         + table

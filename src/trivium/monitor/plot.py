@@ -26,7 +26,10 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         return [p[0] for p in pts], [p[1] for p in pts]
 
     stages = [name for _, name in _stage_starts(records)]
-    eval_keys = sorted({k for r in records for k in r if k.startswith("eval/") and k.endswith("/accuracy")})
+    # Eval "accuracy": the accuracy metric of each eval set, or its success rate (environments report it)
+    eval_keys = sorted(
+        {k for r in records for k in r if k.startswith("eval/") and k.endswith(("/accuracy", "/success"))}
+    )
     panels = [  # (title, [(label, key, stage)]): losses per stage, since SFT and RL losses differ in scale
         ("train reward", [("rollout/reward_mean", "rollout/reward_mean", None)]),
         ("eval accuracy", [(k, k, None) for k in eval_keys]),
