@@ -68,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         help="tell whether a model's chat template is prefix-stable across turns (needed for multi-turn RL)",
     )
     p.add_argument("model", help="model folder or hub id (only the tokenizer is loaded)")
-    p.add_argument("--no-reasoning", action="store_true", help="probe without <think> blocks in assistant turns")
+    p.add_argument(
+        "--no-reasoning", action="store_true", help="probe without <think> blocks in assistant turns"
+    )
     p.set_defaults(func=_cmd_check_template)
 
     args = parser.parse_args(argv)
@@ -154,7 +156,10 @@ def _cmd_check_template(args) -> int:
         print(exc, file=sys.stderr)
         return 2
     if not getattr(tokenizer, "chat_template", None):
-        print(f"{args.model}: the tokenizer has no chat template; multi-turn workflows need one", file=sys.stderr)
+        print(
+            f"{args.model}: the tokenizer has no chat template; multi-turn workflows need one",
+            file=sys.stderr,
+        )
         return 2
     report = check_template(tokenizer, probe_conversation(reasoning=not args.no_reasoning))
     print(f"{args.model}: {report}")

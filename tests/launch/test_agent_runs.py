@@ -20,7 +20,9 @@ def shrunk(task: str, folder: Path, **stage1) -> Path:
     cfg = yaml.safe_load((EXAMPLES / f"{task}.yaml").read_text())
     cfg["checkpoint_root"] = str(folder / "runs")
     cfg["monitor"] = {"progress_bar": False}
-    cfg["model"]["tiny"].update(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    cfg["model"]["tiny"].update(
+        hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64
+    )
     cfg["explorer"]["eval_interval"] = 0
     cfg["buffer"]["eval_tasksets"][0]["max_rows"] = 4
     sft, grpo = cfg["stages"]
