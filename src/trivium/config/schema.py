@@ -51,8 +51,18 @@ class ModelConfig(StrictModel):
 
 
 class RolloutConfig(StrictModel):
-    engine_type: Literal["transformers"] = "transformers"
-    """Rollout engine. 'transformers': in-process decode loop over the HF model with a KV cache."""
+    engine_type: Literal["transformers", "vllm"] = "transformers"
+    """Rollout engine. 'transformers': in-process decode loop over the HF model with a KV cache (exact,
+    reproducible, no extra install). 'vllm': vLLM in its own engine process, weights updated in place after
+    every sync; needs the vllm package (CPU: scripts/setup_vllm_cpu.sh). See docs/engines.md."""
+    vllm_kv_cache_gb: float | None = Field(None, gt=0)
+    """vLLM only: KV cache size in GiB. None: 1 GiB on CPU (or VLLM_CPU_KVCACHE_SPACE), and on GPU the
+    vllm_gpu_memory_utilization share."""
+    vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
+    """vLLM on GPU only: share of the GPU's memory vLLM may take (weights + KV cache); the trainer shares the
+    GPU in mode 'both', so this stays well below vLLM's own default of 0.9."""
+    vllm_enforce_eager: bool | None = None
+    """vLLM only: run without torch.compile / CUDA graphs. None: eager on CPU, compiled on GPU."""
     temperature: float = Field(1.0, ge=0.0)
     """Sampling temperature; 0 means greedy. Trainer log-probs use the same temperature."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)

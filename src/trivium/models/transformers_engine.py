@@ -18,6 +18,7 @@ CUDA graphs and paged caches. For large models use a dedicated engine behind the
 from __future__ import annotations
 
 import inspect
+import logging
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
     from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 __all__ = ["TransformersEngine"]
+
+log = logging.getLogger(__name__)
 
 
 class TransformersEngine:
@@ -159,6 +162,13 @@ class TransformersEngine:
         return {"generator": self.generator.get_state()}
 
     def load_sampler_state(self, state: dict) -> None:
+        if "generator" not in state:  # saved by another engine (vLLM keeps no RNG state)
+            log.warning(
+                "transformers engine: the saved sampler state (%s) is from another engine; sampling continues "
+                "from this run's seed, so the resumed run is not bit-exact",
+                state.get("engine", "unknown"),
+            )
+            return
         self.generator.set_state(state["generator"])
 
     # ------------------------------------------------------------------------------------------ decode loop
