@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from torch import Tensor
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["FinishReason", "Generation", "RolloutModel", "SamplingParams"]
+__all__ = ["FinishReason", "Generation", "RolloutModel", "SamplingParams", "check_prompts"]
 
 FinishReason = Literal["eos", "stop", "length"]
 
@@ -110,3 +110,22 @@ class RolloutModel(Protocol):
         ...
 
     def state_dict(self) -> dict[str, Tensor]: ...
+
+
+def check_prompts(prompts: Sequence[Sequence[int]], max_length: int, vocab_size: int) -> None:
+    """What every engine refuses before sampling: empty prompts, prompts that fill the context, and token ids
+    outside the vocabulary (a prompt tokenised with another tokenizer)."""
+    for i, p in enumerate(prompts):
+        if not p:
+            raise ValueError(f"generate(): prompt {i} is empty; every prompt needs at least one token")
+        if len(p) >= max_length:
+            raise ValueError(
+                f"generate(): prompt {i} has {len(p)} tokens but the model's context is {max_length} "
+                "(max_position_embeddings); shorten the prompt or use a model with a longer context"
+            )
+        low, high = min(p), max(p)
+        if low < 0 or high >= vocab_size:
+            raise ValueError(
+                f"generate(): prompt {i} has token ids in [{low}, {high}] but the model's vocabulary is "
+                f"[0, {vocab_size}); was it tokenised with another tokenizer?"
+            )

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from trivium.models.loading import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
-from trivium.models.protocol import FinishReason, Generation, SamplingParams
+from trivium.models.protocol import FinishReason, Generation, SamplingParams, check_prompts
 from trivium.models.sampling import sample_next
 from trivium.models.stopping import StopChecker
 
@@ -99,7 +99,7 @@ class TransformersEngine:
         prompts = [list(p) for p in prompts]
         if not prompts:
             return []
-        self._check_prompts(prompts)
+        check_prompts(prompts, self.max_length, self.vocab_size)
         with self._lock, torch.inference_mode():
             responses, logprobs, reasons = self._decode(prompts, params)
         stopper = StopChecker(params, self.eos_ids, self._tokenizer)
@@ -247,22 +247,6 @@ class TransformersEngine:
         if source != list(range(len(distinct))):  # repeats (n > 1) or duplicate prompts
             cache.batch_select_indices(index)
         return cache, out.logits[index, -1], attention[index], positions[index, -1] + 1
-
-    def _check_prompts(self, prompts: list[list[int]]) -> None:
-        for i, p in enumerate(prompts):
-            if not p:
-                raise ValueError(f"generate(): prompt {i} is empty; every prompt needs at least one token")
-            if len(p) >= self.max_length:
-                raise ValueError(
-                    f"generate(): prompt {i} has {len(p)} tokens but the model's context is {self.max_length} "
-                    "(max_position_embeddings); shorten the prompt or use a model with a longer context"
-                )
-            low, high = min(p), max(p)
-            if low < 0 or high >= self.vocab_size:
-                raise ValueError(
-                    f"generate(): prompt {i} has token ids in [{low}, {high}] but the model's vocabulary is "
-                    f"[0, {self.vocab_size}); was it tokenised with another tokenizer?"
-                )
 
 
 def _pad_id(tokenizer: PreTrainedTokenizerBase) -> int:

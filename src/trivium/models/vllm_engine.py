@@ -48,7 +48,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trivium.models.protocol import FinishReason, Generation, SamplingParams
+from trivium.models.protocol import FinishReason, Generation, SamplingParams, check_prompts
 from trivium.models.stopping import StopChecker
 
 if TYPE_CHECKING:
@@ -249,7 +249,7 @@ class VllmEngine:
         prompts = [list(p) for p in prompts]
         if not prompts:
             return []
-        self._check_prompts(prompts)
+        check_prompts(prompts, self.max_length, self.vocab_size)
         from vllm.inputs import TokensPrompt
 
         requests = [self._request_params(params, len(p)) for p in prompts]
@@ -383,22 +383,6 @@ class VllmEngine:
             raise RuntimeError(f"vLLM finished a response with {completion.finish_reason!r}")
         text = stopper.final_text(self._tokenizer.decode(ids, skip_special_tokens=True))
         return Generation(tuple(prompt), tuple(ids), tuple(logprobs), reason, text)
-
-    def _check_prompts(self, prompts: list[list[int]]) -> None:
-        for i, p in enumerate(prompts):
-            if not p:
-                raise ValueError(f"generate(): prompt {i} is empty; every prompt needs at least one token")
-            if len(p) >= self.max_length:
-                raise ValueError(
-                    f"generate(): prompt {i} has {len(p)} tokens but the model's context is {self.max_length} "
-                    "(max_position_embeddings); shorten the prompt or use a model with a longer context"
-                )
-            low, high = min(p), max(p)
-            if low < 0 or high >= self.vocab_size:
-                raise ValueError(
-                    f"generate(): prompt {i} has token ids in [{low}, {high}] but the model's vocabulary is "
-                    f"[0, {self.vocab_size}); was it tokenised with another tokenizer?"
-                )
 
 
 _SHARED: dict[str, VllmEngine] = {}
