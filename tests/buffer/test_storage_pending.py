@@ -3,13 +3,10 @@
 Run against a SQLite file and a real PostgreSQL server (integration), like ``test_storage_sql.py``.
 """
 
-import importlib.util
 import math
 import random
 import sqlite3
 import threading
-import uuid
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,39 +15,6 @@ from trivium.buffer.storage import RewardConflict, StorageError, UnknownExperien
 from trivium.buffer.storage_jsonl import JsonlStorage
 from trivium.buffer.storage_sql import SqlStorage
 from trivium.types import Experience
-
-_spec = importlib.util.spec_from_file_location("trivium_pg_server", Path(__file__).with_name("pg_server.py"))
-pg_server = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(pg_server)
-
-
-@pytest.fixture(scope="module")
-def pg_url():
-    if pg_server.find_bin_dir() is None:
-        pytest.skip("no PostgreSQL binaries; install them with `apt-get install -y postgresql`")
-    with pg_server.postgres_server() as url:
-        yield url
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)])
-def where(request, tmp_path):
-    if request.param == "sqlite":
-        return str(tmp_path / "run" / "buffer.db"), "experiences"
-    return request.getfixturevalue("pg_url"), f"t_{uuid.uuid4().hex[:12]}"
-
-
-@pytest.fixture
-def open_storage(where):
-    """Each call opens a new connection pool, as another process would."""
-    opened = []
-
-    def make():
-        opened.append(SqlStorage(where[0], table=where[1]))
-        return opened[-1]
-
-    yield make
-    for storage in opened:
-        storage.close()
 
 
 def served(call_id, n_choices=1, version=0):

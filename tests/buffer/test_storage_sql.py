@@ -1,13 +1,10 @@
 """SqlStorage contract tests, run against a SQLite file and a real PostgreSQL server (integration)."""
 
-import importlib.util
 import os
 import random
 import signal
 import subprocess
 import sys
-import uuid
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,43 +13,6 @@ from trivium.buffer.replay import ReplayPolicy, rank
 from trivium.buffer.storage import StorageError, experience_to_record
 from trivium.buffer.storage_sql import SqlStorage
 from trivium.types import Experience
-
-_spec = importlib.util.spec_from_file_location("trivium_pg_server", Path(__file__).with_name("pg_server.py"))
-pg_server = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(pg_server)
-
-
-@pytest.fixture(scope="session")
-def pg_url():
-    if pg_server.find_bin_dir() is None:
-        pytest.skip(
-            "no PostgreSQL binaries (initdb, pg_ctl, postgres) on PATH or in /usr/lib/postgresql/*/bin; "
-            "install them with `apt-get install -y postgresql` to run the PostgreSQL storage tests"
-        )
-    with pg_server.postgres_server() as url:
-        yield url
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)])
-def where(request, tmp_path):
-    """(url, table) of an empty storage: a fresh SQLite file, or a fresh table on the shared server."""
-    if request.param == "sqlite":
-        return str(tmp_path / "run" / "buffer.db"), "experiences"
-    return request.getfixturevalue("pg_url"), f"t_{uuid.uuid4().hex[:12]}"
-
-
-@pytest.fixture
-def open_storage(where):
-    """Open the storage; each call is a new connection pool, as a restarted process would have."""
-    opened = []
-
-    def make():
-        opened.append(SqlStorage(where[0], table=where[1]))
-        return opened[-1]
-
-    yield make
-    for storage in opened:
-        storage.close()
 
 
 def exps(n, start=0, version=0):

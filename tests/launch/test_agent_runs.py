@@ -3,7 +3,6 @@ over multi-turn episodes (FrozenLake with `multi_turn`, the calculator with `rea
 `step_wise` + `step_wise_grpo`). Checks the plumbing end to end; learning is the benchmark's job
 (benchmarks/agents.py)."""
 
-import json
 from pathlib import Path
 
 import pytest
@@ -74,5 +73,7 @@ def test_agent_config_runs_sft_then_grpo(data, task, metric, changes):
     assert sft_evals, "the SFT stage evaluated the agent on the test maps/questions"
     assert not (run_dir / "failures.jsonl").exists(), (run_dir / "failures.jsonl").read_text()
     if changes:  # step-wise: more experiences than episodes, each episode's turns share a run index
-        assert grpo[-1]["rollout/experiences"] >= 2 * 2
-        assert "advantage/episodes" in json.dumps(grpo[-1])
+        last = grpo[-1]
+        assert last["advantage/episodes"] == 2 * 2  # 2 tasks x 2 episodes, each counted once
+        assert last["rollout/experiences"] == last["advantage/episodes"] * last["advantage/turns_per_episode"]
+        assert last["rollout/experiences"] >= 2 * 2

@@ -10,26 +10,46 @@ from trivium.buffer.storage_sql import SqlStorage
 from trivium.monitor.metrics import read_metrics
 
 
-@pytest.mark.integration
-def test_explore_and_train_processes_learn_together(tmp_path, tiny_model_dir, word_problem_dir):
+def pair_config(tmp_path, model_dir, data_dir, name, *, total_steps, synchronizer, eval_tasksets=(), **top):
+    """The config both processes share (its path), differing per test in name, steps, sync and extras."""
     cfg = {
         "project": "decoupled",
-        "name": "pair",
+        "name": name,
         "checkpoint_root": str(tmp_path / "runs"),
-        "model": {"path": str(tiny_model_dir)},
-        "explorer": {"rollout": {"max_tokens": 6}, "eval_interval": 2, "eval_at_start": False},
+        "model": {"path": str(model_dir)},
+        "explorer": {
+            "rollout": {"max_tokens": 6},
+            "eval_interval": 2 if eval_tasksets else 0,
+            "eval_at_start": False,
+        },
         "monitor": {"progress_bar": False},
-        "synchronizer": {"method": "checkpoint", "sync_interval": 1, "wait_timeout_s": 120},
+        "synchronizer": {"wait_timeout_s": 120, **synchronizer},
         "buffer": {
             "batch_size": 2,
-            "total_steps": 4,
+            "total_steps": total_steps,
             "storage": {"read_timeout_s": 120},
-            "taskset": {"path": str(word_problem_dir / "train.jsonl"), "repeat_times": 3},
-            "eval_tasksets": [{"path": str(word_problem_dir / "test.jsonl"), "name": "test", "max_rows": 4}],
+            "taskset": {"path": str(data_dir / "train.jsonl"), "repeat_times": 3},
+            "eval_tasksets": list(eval_tasksets),
         },
+        **top,
     }
-    path = tmp_path / "pair.yaml"
+    path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.mark.integration
+def test_explore_and_train_processes_learn_together(tmp_path, tiny_model_dir, word_problem_dir):
+    test = {"path": str(word_problem_dir / "test.jsonl"), "name": "test", "max_rows": 4}
+    path = pair_config(
+        tmp_path,
+        tiny_model_dir,
+        word_problem_dir,
+        "pair",
+        total_steps=4,
+        synchronizer={"method": "checkpoint", "sync_interval": 1},
+        eval_tasksets=[test],
+    )
     cmd = [sys.executable, "-m", "trivium.cli", "run", "-c", str(path), "--set"]
     explore = subprocess.Popen([*cmd, "mode=explore"], stderr=subprocess.PIPE, text=True)
     train = subprocess.run([*cmd, "mode=train"], capture_output=True, text=True, timeout=300)
@@ -56,24 +76,15 @@ def test_explore_and_train_processes_learn_together(tmp_path, tiny_model_dir, wo
 def test_killed_explore_and_train_processes_resume_exactly_once(tmp_path, tiny_model_dir, word_problem_dir):
     import os
 
-    cfg = {
-        "project": "decoupled",
-        "name": "crash",
-        "checkpoint_root": str(tmp_path / "runs"),
-        "model": {"path": str(tiny_model_dir)},
-        "explorer": {"rollout": {"max_tokens": 6}, "eval_interval": 0, "eval_at_start": False},
-        "monitor": {"progress_bar": False},
-        "synchronizer": {"method": "checkpoint", "sync_interval": 1, "wait_timeout_s": 120},
-        "trainer": {"save_interval": 1},
-        "buffer": {
-            "batch_size": 2,
-            "total_steps": 5,
-            "storage": {"read_timeout_s": 120},
-            "taskset": {"path": str(word_problem_dir / "train.jsonl"), "repeat_times": 3},
-        },
-    }
-    path = tmp_path / "crash.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    path = pair_config(
+        tmp_path,
+        tiny_model_dir,
+        word_problem_dir,
+        "crash",
+        total_steps=5,
+        synchronizer={"method": "checkpoint", "sync_interval": 1},
+        trainer={"save_interval": 1},
+    )
 
     def start(mode, kill_at=""):
         env = {**os.environ, "TRIVIUM_KILL_AT": kill_at}
@@ -111,28 +122,18 @@ def test_collective_weight_sync_over_gloo_between_two_processes(tmp_path, tiny_m
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cfg = {
-        "project": "decoupled",
-        "name": "gloo",
-        "checkpoint_root": str(tmp_path / "runs"),
-        "model": {"path": str(tiny_model_dir)},
-        "explorer": {"rollout": {"max_tokens": 6}, "eval_interval": 0, "eval_at_start": False},
-        "monitor": {"progress_bar": False},
-        "synchronizer": {
+    path = pair_config(
+        tmp_path,
+        tiny_model_dir,
+        word_problem_dir,
+        "gloo",
+        total_steps=5,
+        synchronizer={
             "method": "collective",
             "collective_init": f"tcp://127.0.0.1:{port}",
             "sync_interval": 2,
-            "wait_timeout_s": 120,
         },
-        "buffer": {
-            "batch_size": 2,
-            "total_steps": 5,
-            "storage": {"read_timeout_s": 120},
-            "taskset": {"path": str(word_problem_dir / "train.jsonl"), "repeat_times": 3},
-        },
-    }
-    path = tmp_path / "gloo.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    )
     cmd = [sys.executable, "-m", "trivium.cli", "run", "-c", str(path), "--set"]
     explore = subprocess.Popen([*cmd, "mode=explore"], stderr=subprocess.PIPE, text=True)
     train = subprocess.run([*cmd, "mode=train"], capture_output=True, text=True, timeout=300)

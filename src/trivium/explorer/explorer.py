@@ -200,7 +200,8 @@ class Explorer:
             timeout = self.workflow_timeout_s
             with self.model.worker():
                 deadline = time.monotonic() + timeout if timeout else None
-                for attempt in range(self.max_retries + 1):
+                attempt = 0
+                while True:  # a timed-out run or the last attempt returns its failure
                     handle = ModelHandle(self.model, dataclasses.replace(params, n=n), order, deadline)
                     try:
                         workflow = get_workflow(task.workflow)(**dict(task.workflow_args))
@@ -213,12 +214,12 @@ class Explorer:
                         self._record_failure(task, None, attempt, repr(exc))
                         if isinstance(exc, WorkflowTimeoutError) or attempt == self.max_retries:
                             return TaskResult(task, [], exc, retries=attempt)
+                        attempt += 1
                         continue
                     runs = list(getattr(workflow, "failed_runs", ()))
                     for run, reason in runs:
                         self._record_failure(task, run, attempt, reason)
                     return TaskResult(task, experiences, failed_runs=len(runs), retries=attempt)
-            raise AssertionError("unreachable")
 
         # Announcing the workers up front makes each engine batch hold the same requests whatever the
         # thread timing, so a seeded run samples the same tokens every time. This thread drives the engine

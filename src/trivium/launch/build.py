@@ -144,7 +144,7 @@ def task_reader(ts: TaskSetConfig, seed: int, is_eval: bool):
         shuffle=ts.shuffle and not is_eval,
         seed=seed,
         max_rows=ts.max_rows,
-        all_columns=getattr(workflow, "reads_all_columns", False),
+        all_columns=workflow.reads_all_columns,
     )
 
 

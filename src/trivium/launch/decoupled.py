@@ -138,7 +138,8 @@ def _wait_for_weights(sync, model, version: int, cfg) -> float:
         time.sleep(0.1)
 
 
-def train_from_storage_loop(stage, run_dir: Path, writer, state, finish_step) -> None:
+def train_from_storage_loop(stage, run_dir: Path, writer, state, step_end) -> None:
+    """``step_end``: run.StepEnd (passed in: run imports this module)."""
     from trivium.buffer.feed import StorageFeed
     from trivium.buffer.replay import FIFO, ReplayPolicy
     from trivium.monitor.metrics import Progress
@@ -163,6 +164,7 @@ def train_from_storage_loop(stage, run_dir: Path, writer, state, finish_step) ->
     strategy = build.sample_strategy(cfg, state.tokenizer)
     sync = weight_sync(cfg, run_dir, rank=0)
     progress = Progress(f"{stage.name} (train)", total, initial=done, enabled=cfg.monitor.progress_bar)
+    end_step = step_end(stage, run_dir, writer, state, progress, total, trainer)
     start_version = state.version - done
     collective = sync is not None and hasattr(sync, "send")
     needed = (
@@ -190,21 +192,7 @@ def train_from_storage_loop(stage, run_dir: Path, writer, state, finish_step) ->
                     sync.send(trainer.model.state_dict(), state.version)
                 elif sync is not None and not collective:
                     sync.publish(trainer.model.state_dict(), state.version)
-            finish_step(
-                cfg,
-                stage,
-                step,
-                total,
-                record,
-                None,
-                trainer,
-                run_dir,
-                writer,
-                state,
-                progress,
-                resume={"claims": feed.open_claims()},
-                on_saved=feed.checkpointed,
-            )
+            end_step(step, record, resume={"claims": feed.open_claims()}, on_saved=feed.checkpointed)
     finally:
         feed.close()
         progress.close()

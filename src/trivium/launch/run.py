@@ -12,6 +12,7 @@ import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import yaml
@@ -155,7 +156,7 @@ def run_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunStat
     elif cfg.mode == "train" and cfg.buffer.storage is not None:
         from trivium.launch.decoupled import train_from_storage_loop
 
-        train_from_storage_loop(stage, run_dir, writer, state, _finish_step)
+        train_from_storage_loop(stage, run_dir, writer, state, StepEnd)
     elif cfg.mode == "both":
         _online_loop(stage, run_dir, writer, state)
     else:
@@ -190,6 +191,7 @@ def _online_loop(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunS
         sync.sync_offset,
     )
     progress = Progress(stage.name, total, initial=done, enabled=cfg.monitor.progress_bar)
+    end_step = StepEnd(stage, run_dir, writer, state, progress, total, trainer, explorer)
     if saved is None:
         _maybe_eval_at_start(cfg, explorer, stage, writer, state, progress)
     start_version = state.version - done
@@ -226,18 +228,9 @@ def _online_loop(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunS
                 record.update(_memory_sync(trainer, explorer, state.version, sync.verify_checksum))
                 if ahead:
                     ahead.gate.publish(state.version)
-            _finish_step(
-                cfg,
-                stage,
+            end_step(
                 step,
-                total,
                 record,
-                explorer,
-                trainer,
-                run_dir,
-                writer,
-                state,
-                progress,
                 evaluate=ahead is None or step == total,
                 resume={"explorer": explorer_state, "claims": feed.open_claims()},
                 on_saved=feed.checkpointed,
@@ -312,6 +305,7 @@ def _train_loop(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunSt
         cfg.buffer.batch_size,
     )
     progress = Progress(stage.name, total, initial=done, enabled=cfg.monitor.progress_bar)
+    end_step = StepEnd(stage, run_dir, writer, state, progress, total, trainer, explorer)
     if saved is None:
         _maybe_eval_at_start(cfg, explorer, stage, writer, state, progress)
     for step in range(done + 1, total + 1):
@@ -320,20 +314,7 @@ def _train_loop(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunSt
             record["train/skipped_rows"] = float(data.skipped_rows)
         maybe_die("train", step)
         state.version = trainer.step
-        _finish_step(
-            cfg,
-            stage,
-            step,
-            total,
-            record,
-            explorer,
-            trainer,
-            run_dir,
-            writer,
-            state,
-            progress,
-            resume={"data": data.state_dict()},
-        )
+        end_step(step, record, resume={"data": data.state_dict()})
     progress.close()
 
 
@@ -350,43 +331,53 @@ def _eval_due(cfg, step: int, total: int) -> bool:
     return bool(cfg.buffer.eval_tasksets) and (step == total or bool(interval and step % interval == 0))
 
 
-def _finish_step(
-    cfg,
-    stage,
-    step,
-    total,
-    record,
-    explorer,
-    trainer,
-    run_dir,
-    writer,
-    state,
-    progress,
-    evaluate=True,
-    resume=None,
-    on_saved=None,
-) -> None:
-    """Evaluate when due, log the step's record, then save a checkpoint when due.
+@dataclass
+class StepEnd:
+    """Ends every training step of a stage: evaluate when due, log the step's record, save a checkpoint when
+    due (one object per stage loop, called once a step).
 
     The record is written before the checkpoint: a crash between the two leaves a record that the resumed
     run drops and writes again, never a checkpoint whose step has no record. ``resume`` is what the loop
     needs to continue exactly from this step; ``on_saved`` runs once the checkpoint is on disk.
     """
-    if evaluate and explorer is not None and _eval_due(cfg, step, total):
-        if cfg.mode == "train":  # the eval engine follows the trainer only when it evaluates
-            explorer.model.update_weights(trainer.model.state_dict(), state.version)
-        record.update(explorer.evaluate())
-    state.global_step += 1
-    writer.write({"stage": stage.name, "step": step, "global_step": state.global_step, **record})
-    progress.update(record)
-    if step == total or (cfg.trainer.save_interval and step % cfg.trainer.save_interval == 0):
-        folder = run_dir / "checkpoints" / stage.name / f"step_{step}"
-        meta = {"stage": stage.name, "step": step, "global_step": state.global_step, "version": state.version}
-        trainer_state = {**trainer.state_dict(), "resume": resume or {}}
-        save_checkpoint(folder, trainer.model, state.tokenizer, trainer_state, meta)
-        prune_checkpoints(folder.parent, cfg.trainer.keep_checkpoints)
-        if on_saved is not None:
-            on_saved()
+
+    stage: Stage
+    run_dir: Path
+    writer: MetricsWriter
+    state: RunState
+    progress: Progress
+    total: int
+    trainer: Any
+    explorer: Any = None  # evaluates the eval task sets when due; None: no evaluation
+
+    def __call__(self, step: int, record: dict, *, evaluate=True, resume=None, on_saved=None) -> None:
+        cfg, stage, state, trainer, explorer = (
+            self.stage.config,
+            self.stage,
+            self.state,
+            self.trainer,
+            self.explorer,
+        )
+        if evaluate and explorer is not None and _eval_due(cfg, step, self.total):
+            if cfg.mode == "train":  # the eval engine follows the trainer only when it evaluates
+                explorer.model.update_weights(trainer.model.state_dict(), state.version)
+            record.update(explorer.evaluate())
+        state.global_step += 1
+        self.writer.write({"stage": stage.name, "step": step, "global_step": state.global_step, **record})
+        self.progress.update(record)
+        if step == self.total or (cfg.trainer.save_interval and step % cfg.trainer.save_interval == 0):
+            folder = self.run_dir / "checkpoints" / stage.name / f"step_{step}"
+            meta = {
+                "stage": stage.name,
+                "step": step,
+                "global_step": state.global_step,
+                "version": state.version,
+            }
+            trainer_state = {**trainer.state_dict(), "resume": resume or {}}
+            save_checkpoint(folder, trainer.model, state.tokenizer, trainer_state, meta)
+            prune_checkpoints(folder.parent, cfg.trainer.keep_checkpoints)
+            if on_saved is not None:
+                on_saved()
 
 
 def _quiet_libraries() -> None:

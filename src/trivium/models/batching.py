@@ -104,6 +104,16 @@ class BatchingRolloutModel:
     def version(self) -> int:
         return self.engine.version
 
+    @property
+    def max_length(self) -> int | None:
+        """The engine's context in tokens (prompt + response), when it says."""
+        return getattr(self.engine, "max_length", None)
+
+    @property
+    def eos_ids(self) -> set[int] | None:
+        """Token ids that end a response, when the engine says."""
+        return getattr(self.engine, "eos_ids", None)
+
     def update_weights(self, state_dict: Mapping[str, Tensor], version: int) -> None:
         self.engine.update_weights(state_dict, version)  # the engine's lock keeps it out of a running batch
 

@@ -51,12 +51,12 @@ class ModelHandle:
     @property
     def max_length(self) -> int | None:
         """The model's context in tokens (prompt + response), when the engine says."""
-        return getattr(getattr(self._model, "engine", self._model), "max_length", None)
+        return getattr(self._model, "max_length", None)
 
     @property
     def eos_ids(self) -> set[int]:
         """Token ids that end a response (the engine's; the tokenizer's eos when it does not say)."""
-        ids = getattr(getattr(self._model, "engine", self._model), "eos_ids", None)
+        ids = getattr(self._model, "eos_ids", None)
         if ids is None:
             ids = {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
         return set(ids)

@@ -22,7 +22,14 @@ if TYPE_CHECKING:
     from torch import Tensor
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["FinishReason", "Generation", "RolloutModel", "SamplingParams", "check_prompts"]
+__all__ = [
+    "FinishReason",
+    "Generation",
+    "RolloutModel",
+    "SamplingParams",
+    "check_prompts",
+    "checked_state_dict",
+]
 
 FinishReason = Literal["eos", "stop", "length"]
 
@@ -129,3 +136,35 @@ def check_prompts(prompts: Sequence[Sequence[int]], max_length: int, vocab_size:
                 f"generate(): prompt {i} has token ids in [{low}, {high}] but the model's vocabulary is "
                 f"[0, {vocab_size}); was it tokenised with another tokenizer?"
             )
+
+
+def checked_state_dict(
+    state_dict: Mapping[str, Tensor],
+    own: Mapping[str, Tensor],
+    tied: Mapping[str, str],
+    version: int,
+    what: str,
+) -> dict[str, Tensor]:
+    """``state_dict`` completed with tied weights (``tied``: target -> source, which checkpoints leave out)
+    and checked against the engine's own tensors ``own``: the same keys and shapes, or a ValueError that
+    lists what differs (raised before anything is copied, so a rejected update leaves the engine as it was).
+    ``what`` names the engine's model in the error."""
+    full = dict(state_dict)
+    for target, source in tied.items():
+        if target not in full and source in full:
+            full[target] = full[source]
+    missing, unexpected = sorted(own.keys() - full.keys()), sorted(full.keys() - own.keys())
+    wrong_shape = [
+        f"{k}: {tuple(full[k].shape)} vs {tuple(own[k].shape)}"
+        for k in own.keys() & full.keys()
+        if full[k].shape != own[k].shape
+    ]
+    if missing or unexpected or wrong_shape:
+        raise ValueError(
+            f"update_weights(version={version}): state dict does not match {what}: "
+            f"{len(missing)} missing keys {missing[:5]}, {len(unexpected)} unexpected keys {unexpected[:5]}, "
+            f"{len(wrong_shape)} shape mismatches (given vs expected) {sorted(wrong_shape)[:5]}. Pass the "
+            "full state_dict() of a model with the same config (strip wrapper prefixes such as 'module.' or "
+            "'_orig_mod.' first)."
+        )
+    return full

@@ -23,6 +23,7 @@ sees at inference.
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +49,7 @@ def eos_token_ids(tokenizer, extra: Iterable[int] = ()) -> set[int]:
 class _Glue:
     end_of_turn: int  # the template's end-of-turn token of an assistant turn
     closing: list[int]  # template tokens after it (e.g. "\n"), before the next message
+    probe: list[int]  # the rendered probe conversation (user, assistant) that new messages are appended to
 
 
 class Transcript:
@@ -124,9 +126,8 @@ class Transcript:
         glue = self._closing_glue()
         last = self.tokens[-1] if len(self.tokens) > self.prompt_length else None
         added = ([] if last in self.eos_ids else [glue.end_of_turn]) + glue.closing
-        probe = [_PROBE_USER, _PROBE_ASSISTANT]
-        before = render_ids(self.tokenizer, probe, False, self.tools)
-        after = render_ids(self.tokenizer, probe + new, True, self.tools)
+        before = glue.probe
+        after = render_ids(self.tokenizer, [_PROBE_USER, _PROBE_ASSISTANT, *new], True, self.tools)
         if after[: len(before)] != before:
             roles = [m.get("role") for m in new]
             raise TemplateError(
@@ -143,22 +144,38 @@ class Transcript:
 
     def _closing_glue(self) -> _Glue:
         if self._glue is None:
-            opened = render_ids(self.tokenizer, [_PROBE_USER], True, self.tools)
-            closed = render_ids(self.tokenizer, [_PROBE_USER, _PROBE_ASSISTANT], False, self.tools)
-            if closed[: len(opened)] != opened:
-                raise TemplateError(
-                    "the chat template renders the generation prompt differently from the start of an "
-                    "assistant turn, so model turns cannot be appended token for token"
-                )
-            turn = closed[len(opened) :]
-            ends = [j for j, t in enumerate(turn) if t in self.eos_ids]
-            if not ends:
-                raise TemplateError(
-                    f"the chat template ends an assistant turn with none of the end-of-turn tokens {sorted(self.eos_ids)} "
-                    "(the tokenizer's eos): set the tokenizer's eos_token to the template's end-of-turn token"
-                )
-            self._glue = _Glue(turn[ends[-1]], turn[ends[-1] + 1 :])
+            key = (
+                id(self.tokenizer),
+                self.tokenizer.chat_template,
+                json.dumps(self.tools, sort_keys=True),
+                tuple(sorted(self.eos_ids)),
+            )
+            glue = _GLUE_CACHE.get(key)
+            if glue is None:  # once per tokenizer and tool set, not once per episode
+                glue = _GLUE_CACHE[key] = _probe_glue(self.tokenizer, self.tools, self.eos_ids)
+            self._glue = glue
         return self._glue
+
+
+_GLUE_CACHE: dict[tuple, _Glue] = {}
+
+
+def _probe_glue(tokenizer, tools, eos_ids: set[int]) -> _Glue:
+    opened = render_ids(tokenizer, [_PROBE_USER], True, tools)
+    closed = render_ids(tokenizer, [_PROBE_USER, _PROBE_ASSISTANT], False, tools)
+    if closed[: len(opened)] != opened:
+        raise TemplateError(
+            "the chat template renders the generation prompt differently from the start of an "
+            "assistant turn, so model turns cannot be appended token for token"
+        )
+    turn = closed[len(opened) :]
+    ends = [j for j, t in enumerate(turn) if t in eos_ids]
+    if not ends:
+        raise TemplateError(
+            f"the chat template ends an assistant turn with none of the end-of-turn tokens {sorted(eos_ids)} "
+            "(the tokenizer's eos): set the tokenizer's eos_token to the template's end-of-turn token"
+        )
+    return _Glue(turn[ends[-1]], turn[ends[-1] + 1 :], closed)
 
 
 @dataclass

@@ -27,7 +27,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from trivium.models.loading import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
-from trivium.models.protocol import FinishReason, Generation, SamplingParams, check_prompts
+from trivium.models.protocol import (
+    FinishReason,
+    Generation,
+    SamplingParams,
+    check_prompts,
+    checked_state_dict,
+)
 from trivium.models.sampling import sample_next
 from trivium.models.stopping import StopChecker
 
@@ -128,25 +134,13 @@ class TransformersEngine:
         update leaves the weights untouched). Tied weights (``lm_head.weight`` tied to the embeddings) may be
         left out, as safetensors checkpoints do.
         """
-        own = self.model.state_dict()
-        full = dict(state_dict)
-        for target, source in self.model.all_tied_weights_keys.items():
-            if target not in full and source in full:
-                full[target] = full[source]
-        missing, unexpected = sorted(own.keys() - full.keys()), sorted(full.keys() - own.keys())
-        wrong_shape = [
-            f"{k}: {tuple(full[k].shape)} vs {tuple(own[k].shape)}"
-            for k in own.keys() & full.keys()
-            if full[k].shape != own[k].shape
-        ]
-        if missing or unexpected or wrong_shape:
-            raise ValueError(
-                f"update_weights(version={version}): state dict does not match {type(self.model).__name__}: "
-                f"{len(missing)} missing keys {missing[:5]}, {len(unexpected)} unexpected keys {unexpected[:5]}, "
-                f"{len(wrong_shape)} shape mismatches (given vs expected) {sorted(wrong_shape)[:5]}. Pass the "
-                "full state_dict() of a model with the same config (strip wrapper prefixes such as 'module.' or "
-                "'_orig_mod.' first)."
-            )
+        full = checked_state_dict(
+            state_dict,
+            self.model.state_dict(),
+            self.model.all_tied_weights_keys,
+            version,
+            type(self.model).__name__,
+        )
         with self._lock, torch.no_grad():
             self.model.load_state_dict(full, strict=True)
             self.version = version

@@ -48,7 +48,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trivium.models.protocol import FinishReason, Generation, SamplingParams, check_prompts
+from trivium.models.protocol import (
+    FinishReason,
+    Generation,
+    SamplingParams,
+    check_prompts,
+    checked_state_dict,
+)
 from trivium.models.stopping import StopChecker
 
 if TYPE_CHECKING:
@@ -285,25 +291,7 @@ class VllmEngine:
         Keys and shapes must match the model's (checked before anything is sent, so a rejected update leaves
         the engine untouched); tied weights may be left out. The time taken is logged.
         """
-        full = dict(state_dict)
-        for target, source in self._tied.items():
-            if target not in full and source in full:
-                full[target] = full[source]
-        own = self._host
-        missing, unexpected = sorted(own.keys() - full.keys()), sorted(full.keys() - own.keys())
-        wrong_shape = [
-            f"{k}: {tuple(full[k].shape)} vs {tuple(own[k].shape)}"
-            for k in own.keys() & full.keys()
-            if full[k].shape != own[k].shape
-        ]
-        if missing or unexpected or wrong_shape:
-            raise ValueError(
-                f"update_weights(version={version}): state dict does not match the vLLM engine's model: "
-                f"{len(missing)} missing keys {missing[:5]}, {len(unexpected)} unexpected keys {unexpected[:5]}, "
-                f"{len(wrong_shape)} shape mismatches (given vs expected) {sorted(wrong_shape)[:5]}. Pass the "
-                "full state_dict() of a model with the same config (strip wrapper prefixes such as 'module.' or "
-                "'_orig_mod.' first)."
-            )
+        full = checked_state_dict(state_dict, self._host, self._tied, version, "the vLLM engine's model")
         from safetensors.torch import save_file
 
         t0 = time.perf_counter()

@@ -24,6 +24,9 @@ from trivium.types import Experience, Task
 class Workflow(ABC):
     name: ClassVar[str] = ""
     fields: ClassVar[Mapping[str, tuple[type, ...]]] = {}
+    #: Put every column of a task row in ``Task.data`` (not only ``fields``): for workflows whose
+    #: environment or agent decides what it reads.
+    reads_all_columns: ClassVar[bool] = False
 
     def __init__(self, **args: Any):
         if args:
