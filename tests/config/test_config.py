@@ -164,3 +164,17 @@ def test_workflow_args_are_checked_by_the_workflow(data_dir):
     raw["buffer"]["taskset"]["workflow_args"] = {"temperature": 0.3}
     (p,) = problems_of(raw, data_dir).problems
     assert "temperature" in p.rule
+
+
+@pytest.mark.parametrize(
+    ("rollout", "why"),
+    [
+        ({"engine_type": "vllm", "autocast_dtype": "bfloat16"}, "vLLM has no autocast"),
+        ({"dtype": "bfloat16", "autocast_dtype": "bfloat16"}, "already bfloat16"),
+    ],
+)
+def test_autocast_only_over_fp32_weights_of_the_transformers_engine(data_dir, rollout, why):
+    err = problems_of(base(explorer={"rollout": rollout}), data_dir)
+    (p,) = [p for p in err.problems if p.path == "explorer.rollout.autocast_dtype"]
+    assert why in p.rule and "explorer.rollout.dtype: bfloat16" in p.fix
+    validate_raw(base(explorer={"rollout": {"autocast_dtype": "bfloat16"}}), data_dir)  # fp32 weights: fine

@@ -237,3 +237,28 @@ def test_cuda_logprobs_match_teacher_forced_fp32(tiny_dir: Path, prompts: list[l
     for g in (g for gens in out for g in gens):
         expected = teacher_forced_logprobs(reference, g, 0.8)
         assert torch.allclose(torch.tensor(g.logprobs), expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"dtype": "bfloat16"}, {"dtype": "float32", "autocast_dtype": "bfloat16"}],
+    ids=["bf16-weights", "bf16-autocast"],
+)
+def test_bf16_options_sample_with_fp32_logprobs_of_their_own_distribution(
+    tiny_dir: Path, prompts: list[list[int]], options: dict
+) -> None:
+    """Lower precision changes the numbers (so the option is really on) by no more than bf16 error, and
+    the reported log-probs are fp32 log_softmax of the logits that were sampled from."""
+    engine = TransformersEngine.from_pretrained(tiny_dir, seed=0, **options)
+    params = SamplingParams(n=3, temperature=1.0, max_tokens=12)
+    out = [g for gens in engine.generate(prompts, params) for g in gens]
+    reference = load_causal_lm(tiny_dir, dtype="float32", device="cpu")
+    gaps = torch.cat(
+        [(torch.tensor(g.logprobs) - teacher_forced_logprobs(reference, g, 1.0)).abs() for g in out]
+    )
+    assert 1e-4 < gaps.max() < 0.05, gaps.max()
+    assert all(isinstance(lp, float) for g in out for lp in g.logprobs)
+    weights = engine.state_dict()["model.norm.weight"].dtype
+    assert weights is (torch.bfloat16 if options["dtype"] == "bfloat16" else torch.float32)
+    fp32 = TransformersEngine.from_pretrained(tiny_dir, seed=0, autocast_dtype="float32")
+    assert fp32.autocast_dtype is None  # fp32 "autocast" is plain fp32

@@ -343,6 +343,70 @@ def test_openai_endpoint_serves_the_vllm_engine(engine: VllmEngine, reference) -
         assert choice.message.content == engine.tokenizer.decode(ids, skip_special_tokens=True)
 
 
+@pytest.mark.integration
+def test_serve_mode_runs_on_the_vllm_engine_and_follows_published_weights(
+    tmp_path: Path, model_dir: Path, other_dir: Path
+) -> None:
+    """mode serve with engine_type vllm: calls answered and recorded by a vLLM engine, and a weights version
+    published by a trainer is loaded into it in place (greedy answers then equal the new weights')."""
+    import json
+    import threading
+    import time
+    import urllib.request
+
+    import openai
+
+    from trivium.config import validate_raw
+    from trivium.models import vllm_engine
+    from trivium.serve.serve_mode import serve
+    from trivium.sync.checkpoint import CheckpointSync
+
+    raw = {
+        "mode": "serve",
+        "name": "vllm-serve",
+        "checkpoint_root": str(tmp_path / "runs"),
+        "model": {"path": str(model_dir)},
+        "explorer": {"rollout": {"engine_type": "vllm", "max_tokens": 8, "temperature": 0.0}},
+        "synchronizer": {"method": "checkpoint"},
+        "buffer": {"storage": {}},
+        "serve": {"poll_interval_s": 0.2},
+    }
+    (stage,) = validate_raw(raw, tmp_path).stages
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    started = set(map(id, vllm_engine._SHARED.values()))
+    stop = threading.Event()
+    thread = threading.Thread(target=serve, args=(stage.config, run_dir), kwargs={"stop": stop})
+    thread.start()
+    messages = [{"role": "user", "content": "Tom has 5 apples. How many now?"}]
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_dir / "serve.json").exists():
+            assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.2)
+        info = json.loads((run_dir / "serve.json").read_text())
+        assert len(set(map(id, vllm_engine._SHARED.values())) - started) == 1  # served by a vLLM engine
+        client = openai.OpenAI(base_url=info["base_url"], api_key="EMPTY", max_retries=0)
+        first = client.chat.completions.create(model="m", messages=messages)
+        assert first.model_version == 0
+
+        CheckpointSync(run_dir / "sync").publish(load_causal_lm(other_dir, dtype="float32").state_dict(), 1)
+        while json.loads(urllib.request.urlopen(f"{info['url']}/health").read())["version"] < 1:
+            assert time.monotonic() < deadline + 60, "the server did not load the published version"
+            time.sleep(0.1)
+        second = client.chat.completions.create(model="m", messages=messages)
+        assert second.model_version == 1
+        other = TransformersEngine.from_pretrained(other_dir, seed=0)
+        expected = other.generate(
+            [list(second.prompt_token_ids)], SamplingParams(temperature=0, max_tokens=8)
+        )
+        assert list(second.choices[0].token_ids) == list(expected[0][0].response_ids)
+    finally:
+        stop.set()
+        thread.join(timeout=120)
+    assert not thread.is_alive()
+
+
 def test_config_check_names_the_install_and_the_head_size(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -83,3 +83,31 @@ def test_collective_layout_and_schedule():
     assert versions_needed(5, 2) == [2, 4]
     assert versions_needed(4, 1) == [1, 2, 3]
     assert versions_needed(5, 2, start=10) == [12, 14]
+
+
+def test_engine_in_another_precision_loads_fp32_versions_and_still_catches_damage(tiny_model_dir, tmp_path):
+    """explorer.rollout.dtype bfloat16 under an fp32 trainer: the engine holds the weights cast to bf16, the
+    check compares against the published weights cast the same way, and a damaged file is still caught."""
+    engine = TransformersEngine.from_pretrained(tiny_model_dir, dtype="bfloat16", seed=0)
+    trainer_state = {k: v.float() + 0.01 for k, v in engine.state_dict().items()}
+    sync = CheckpointSync(tmp_path)
+    sync.publish(trainer_state, 1)
+    assert sync.load_newer(engine) == 1
+    loaded = engine.state_dict()
+    assert loaded["model.norm.weight"].dtype is torch.bfloat16
+    assert weights_checksum(loaded) == weights_checksum(trainer_state, torch.bfloat16)
+    assert weights_checksum(loaded) != weights_checksum(trainer_state)
+    sync.publish(trainer_state, 2)
+    (tmp_path / "v00000002" / "meta.json").write_text(json.dumps({"version": 2, "checksum": "0" * 64}))
+    with pytest.raises(WeightSyncError, match=r"does not match its meta\.json checksum"):
+        sync.load_newer(engine)
+
+
+def test_checksum_of_a_cast_equals_the_checksum_of_the_cast_tensors():
+    from trivium.sync.checkpoint import cast_floating, floating_dtype
+
+    state = {"w": torch.randn(4), "step": torch.tensor([3])}
+    cast = cast_floating(state, torch.bfloat16)
+    assert cast["step"].dtype is torch.int64 and floating_dtype(cast) is torch.bfloat16
+    assert weights_checksum(state, torch.bfloat16) == weights_checksum(cast) != weights_checksum(state)
+    assert weights_checksum(state, torch.float32) == weights_checksum(state)

@@ -141,3 +141,32 @@ def test_generated_files_load_as_a_task_set_and_gold_scores_one(tmp_path, monkey
     for name in ("math_verify", "exact_match"):
         reward = get_reward_fn(name)
         assert all(reward(t.data["answer"], t.data).reward == 1.0 for t in reader.all_tasks())
+
+
+def test_explained_style_narrates_three_to_five_correct_steps():
+    """The engine benchmark's long-answer workload: every step a sentence with its equation, gold right,
+    the noisy teacher's rows the same questions, and no intermediate value below zero."""
+    gold = generate_rows(200, seed=5, style="explained")
+    noisy = generate_rows(200, seed=5, noisy=True, style="explained")
+    assert [r["question"] for r in gold] == [r["question"] for r in noisy]
+    step = re.compile(r"^(\w+) (.+), so (add|subtract): (\d+)([+-])(\d+)=(\d+)\.$")
+    flips = 0
+    for g, nz in zip(gold, noisy):
+        start = int(re.match(r"\w+ has (\d+) ", g["question"]).group(1))
+        assert 20 <= start <= 40
+        for row in (g, nz):
+            head, *steps, tail, final = row["answer"].split("\n")
+            assert head.endswith(f"starts with {start} {head.split()[-1]}") and 3 <= len(steps) <= 5
+            value = start
+            for line in steps:
+                m = step.fullmatch(line)
+                assert m and int(m.group(4)) == value and (m.group(3) == "add") == (m.group(5) == "+")
+                value = value + int(m.group(6)) if m.group(5) == "+" else value - int(m.group(6))
+                assert int(m.group(7)) == value >= 0
+            assert tail.startswith(f"So {head.split()[0]} has {value} ")
+            if row is g:
+                assert final == f"#### {value}"
+        flips += g["answer"] != nz["answer"]
+    assert flips > 50  # the confused teacher is confused
+    with pytest.raises(ValueError, match="style is 'short' or 'explained'"):
+        generate_rows(1, seed=0, style="long")

@@ -80,7 +80,25 @@ def _check_engine(cfg: TriviumConfig, at) -> list[Problem]:
     import importlib.metadata
     import importlib.util
 
-    if cfg.explorer.rollout.engine_type != "vllm":
+    r = cfg.explorer.rollout
+    if r.autocast_dtype is not None and (
+        r.engine_type == "vllm" or (r.dtype or cfg.model.dtype) != "float32"
+    ):
+        why = (
+            "vLLM has no autocast"
+            if r.engine_type == "vllm"
+            else f"the engine's weights are already {r.dtype}"
+        )
+        return [
+            Problem(
+                at("explorer.rollout.autocast_dtype"),
+                r.autocast_dtype,
+                f"autocast runs fp32 weights in lower precision, but {why}",
+                f"set explorer.rollout.dtype: {r.autocast_dtype} instead (lower-precision weights), or drop "
+                "autocast_dtype",
+            )
+        ]
+    if r.engine_type != "vllm":
         return []
     if importlib.util.find_spec("vllm") is None:
         return [

@@ -65,10 +65,14 @@ def load_policy(path: str, cfg: TriviumConfig):
     return model, load_tokenizer(path)
 
 
-def build_rollout_model(policy: torch.nn.Module, tokenizer, cfg: TriviumConfig, version: int):
+def build_rollout_model(
+    policy: torch.nn.Module, tokenizer, cfg: TriviumConfig, version: int, *, copy_policy: bool = True
+):
     """A batching rollout engine over its own copy of the policy weights (synced in memory).
 
-    ``explorer.rollout.engine_type``: 'transformers' deep-copies the policy into an in-process engine; 'vllm'
+    ``explorer.rollout.engine_type``: 'transformers' deep-copies the policy into an in-process engine (or,
+    with ``copy_policy=False``, when nothing trains the policy in this process, takes it over: it is cast to
+    ``explorer.rollout.dtype`` and put in eval mode), with ``explorer.rollout.dtype``/``autocast_dtype``; 'vllm'
     starts vLLM on the policy's current weights (written with save_pretrained to a temporary folder that lives
     as long as the engine, since vLLM loads from a folder) or, in a later stage of the same process, reuses
     the engine already running and loads the policy's weights into it in place (see models/vllm_engine.py).
@@ -84,6 +88,7 @@ def build_rollout_model(policy: torch.nn.Module, tokenizer, cfg: TriviumConfig, 
             tokenizer,
             version=version,
             seed=cfg.seed,
+            dtype=r.dtype or next(policy.parameters()).dtype,
             kv_cache_gb=r.vllm_kv_cache_gb,
             gpu_memory_utilization=r.vllm_gpu_memory_utilization,
             enforce_eager=r.vllm_enforce_eager,
@@ -92,12 +97,18 @@ def build_rollout_model(policy: torch.nn.Module, tokenizer, cfg: TriviumConfig, 
 
     from trivium.models.transformers_engine import TransformersEngine
 
-    engine_model = copy.deepcopy(policy).eval()
-    for p in engine_model.parameters():
-        p.requires_grad_(False)
     param = next(policy.parameters())
+    if copy_policy:
+        policy = copy.deepcopy(policy).eval()
+        for p in policy.parameters():
+            p.requires_grad_(False)
     engine = TransformersEngine(
-        engine_model, tokenizer, device=param.device, dtype=param.dtype, seed=cfg.seed
+        policy,
+        tokenizer,
+        device=param.device,
+        dtype=r.dtype or param.dtype,
+        seed=cfg.seed,
+        autocast_dtype=r.autocast_dtype,
     )
     engine.version = version
     return BatchingRolloutModel(engine)

@@ -27,6 +27,7 @@ from trivium.buffer.feed import StorageFeed
 from trivium.faults import maybe_die
 from trivium.launch import build
 from trivium.launch.overlap import required_version, staleness_filter
+from trivium.models.loading import resolve_dtype
 from trivium.sync.collective import versions_needed
 
 log = logging.getLogger(__name__)
@@ -167,6 +168,7 @@ def train_from_storage_loop(stage, run_dir: Path, writer, state, step_end) -> No
     end_step = step_end(stage, run_dir, writer, state, progress, total, trainer)
     start_version = state.version - done
     collective = sync is not None and hasattr(sync, "send")
+    rollout_dtype = resolve_dtype(cfg.explorer.rollout.dtype or cfg.model.dtype)  # what the receiver holds
     needed = (
         set(versions_needed(total, cfg.synchronizer.sync_interval, start_version)) if collective else set()
     )
@@ -189,7 +191,7 @@ def train_from_storage_loop(stage, run_dir: Path, writer, state, step_end) -> No
             if step % cfg.synchronizer.sync_interval == 0 or step == total:
                 state.version = start_version + step
                 if collective and state.version in needed:
-                    sync.send(trainer.model.state_dict(), state.version)
+                    sync.send(trainer.model.state_dict(), state.version, dtype=rollout_dtype)
                 elif sync is not None and not collective:
                     sync.publish(trainer.model.state_dict(), state.version)
             end_step(step, record, resume={"claims": feed.open_claims()}, on_saved=feed.checkpointed)

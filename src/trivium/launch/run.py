@@ -249,14 +249,15 @@ def _memory_sync(trainer, explorer, version: int, verify: bool) -> dict[str, flo
     """Copy the trainer's weights into the rollout model; with ``verify``, prove both sides equal."""
     import time
 
-    from trivium.sync.checkpoint import WeightSyncError, weights_checksum
+    from trivium.sync.checkpoint import WeightSyncError, floating_dtype, weights_checksum
 
     t0 = time.perf_counter()
     state = trainer.model.state_dict()
     explorer.model.update_weights(state, version)
     metrics = {"sync/seconds": time.perf_counter() - t0}
     if verify:
-        sent, got = weights_checksum(state), weights_checksum(explorer.model.state_dict())
+        loaded = explorer.model.state_dict()  # in the engine's dtype (explorer.rollout.dtype)
+        sent, got = weights_checksum(state, floating_dtype(loaded)), weights_checksum(loaded)
         if sent != got:
             raise WeightSyncError(
                 f"weights version {version}: the rollout model's checksum {got[:12]} differs from the trainer's "

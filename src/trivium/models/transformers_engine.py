@@ -10,6 +10,12 @@ Design decisions (measured on CPU in bench/engines, 1.4–1.7× faster than ``mo
   ``protocol.py`` for the contract; exact to ~1e-5 in fp32).
 - Attention is the model's own (sdpa by default); nothing here re-implements it.
 - One lock serialises ``generate`` and ``update_weights``: weights never change under a running batch.
+- Lower precision is the caller's choice, two ways (measured on the 25M workload, benchmarks/engines.py):
+  bf16 *weights* (``dtype``: the engine's copy of the policy is cast, memory halves) or bf16 *autocast*
+  (``autocast_dtype``: fp32 weights, matmuls in bf16). Either way the reported log-probs are fp32
+  ``log_softmax`` of the logits the engine sampled from, so they are exact for the policy that sampled;
+  they differ from the trainer's fp32 recomputation by the bf16 error, which the trainer logs every step
+  (``mismatch/logprob_abs_max``) and ``algorithm.rollout_is_cap`` can correct.
 
 Left out on purpose: continuous batching across calls (the batching wrapper merges callers instead),
 CUDA graphs and paged caches. For large models use a dedicated engine behind the same protocol.
@@ -17,6 +23,7 @@ CUDA graphs and paged caches. For large models use a dedicated engine behind the
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import threading
@@ -49,7 +56,8 @@ class TransformersEngine:
     """``RolloutModel`` over ``model`` (moved to ``device``/``dtype``, put in eval mode).
 
     ``seed`` seeds the engine's own ``torch.Generator``: the same seed and the same sequence of calls give
-    the same samples. None draws a random seed.
+    the same samples. None draws a random seed. ``autocast_dtype`` (bfloat16 / float16): run the forward
+    passes under ``torch.autocast`` with that dtype, weights kept in ``dtype``.
     """
 
     def __init__(
@@ -60,9 +68,13 @@ class TransformersEngine:
         device: str | torch.device,
         dtype: str | torch.dtype,
         seed: int | None = None,
+        autocast_dtype: str | torch.dtype | None = None,
     ):
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
+        self.autocast_dtype = resolve_dtype(autocast_dtype, self.device) if autocast_dtype else None
+        if self.autocast_dtype is torch.float32:
+            self.autocast_dtype = None  # fp32 "autocast" is plain fp32
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self._tokenizer = tokenizer
         self.version = 0
@@ -91,10 +103,18 @@ class TransformersEngine:
         device: str | torch.device = "cpu",
         dtype: str | torch.dtype = "float32",
         seed: int | None = None,
+        autocast_dtype: str | torch.dtype | None = None,
     ) -> TransformersEngine:
         dev = resolve_device(device)
         model = load_causal_lm(path, dtype=resolve_dtype(dtype, dev), device=dev)
-        return cls(model, load_tokenizer(path), device=dev, dtype=model.dtype, seed=seed)
+        return cls(
+            model,
+            load_tokenizer(path),
+            device=dev,
+            dtype=model.dtype,
+            seed=seed,
+            autocast_dtype=autocast_dtype,
+        )
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -198,15 +218,24 @@ class TransformersEngine:
                 attention, next_pos, tokens = attention[index], next_pos[index], tokens[index]
                 alive = [alive[i] for i in keep]
             attention = torch.cat([attention, attention.new_ones(len(alive), 1)], dim=1)
-            out = self.model(
+            out = self._forward(
                 input_ids=tokens[:, None],
                 attention_mask=attention,
                 position_ids=next_pos[:, None],
-                use_cache=True,
-                **{self._cache_arg: cache},
+                cache=cache,
             )
             logits = out.logits[:, -1]
             next_pos = next_pos + 1
+
+    def _forward(self, *, cache: DynamicCache, **inputs: torch.Tensor | int):
+        """One forward pass of the model with the KV cache, under autocast when configured."""
+        autocast = (
+            torch.autocast(self.device.type, dtype=self.autocast_dtype)
+            if self.autocast_dtype is not None
+            else contextlib.nullcontext()
+        )
+        with autocast:
+            return self.model(**inputs, use_cache=True, **{self._cache_arg: cache})
 
     def _prefill(
         self, prompts: list[list[int]], n: int
@@ -229,13 +258,8 @@ class TransformersEngine:
         ids, attention = ids.to(self.device), attention.to(self.device)
         positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
-        out = self.model(
-            input_ids=ids,
-            attention_mask=attention,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=1,
-            **{self._cache_arg: cache},
+        out = self._forward(
+            input_ids=ids, attention_mask=attention, position_ids=positions, cache=cache, logits_to_keep=1
         )
         index = torch.tensor(source, device=self.device)
         if source != list(range(len(distinct))):  # repeats (n > 1) or duplicate prompts

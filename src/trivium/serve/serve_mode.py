@@ -217,7 +217,9 @@ def serve(cfg, run_dir: Path, policy=None, tokenizer=None, stop: threading.Event
     if policy is None:
         policy, tokenizer = build.load_policy(build.ensure_model(cfg, run_dir), cfg)
     s = cfg.serve
-    model = _rollout_model(policy, tokenizer, cfg)
+    # explorer.rollout picks the engine (transformers or vllm) and its dtype; nothing trains the policy in
+    # this process, so the in-process engine takes it over instead of copying it.
+    model = build.build_rollout_model(policy, tokenizer, cfg, version=0, copy_policy=False)
     follower = WeightFollower(checkpoint_sync(cfg, run_dir), model, s.poll_interval_s)
     follower.poll()  # start from the newest published version, if any
     storage = build.storage(cfg, run_dir)
@@ -264,17 +266,6 @@ def serve(cfg, run_dir: Path, policy=None, tokenizer=None, stop: threading.Event
             follower.stop()
         storage.close()
         restore()
-
-
-def _rollout_model(policy, tokenizer, cfg):
-    """The batching engine over the policy itself (no copy: nothing trains it in this process; the engine
-    generates under inference mode, so no gradients are kept)."""
-    from trivium.models.batching import BatchingRolloutModel
-    from trivium.models.transformers_engine import TransformersEngine
-
-    param = next(policy.parameters())
-    engine = TransformersEngine(policy, tokenizer, device=param.device, dtype=param.dtype, seed=cfg.seed)
-    return BatchingRolloutModel(engine)
 
 
 def _default_params(cfg):

@@ -26,11 +26,25 @@ class WeightSyncError(RuntimeError):
     pass
 
 
-def weights_checksum(state: Mapping[str, torch.Tensor]) -> str:
-    """sha256 over names, dtypes, shapes and bytes of every tensor, in name order (device independent)."""
+def floating_dtype(state: Mapping[str, torch.Tensor]) -> torch.dtype | None:
+    """The dtype of the first floating-point tensor of ``state`` (a model's weights dtype), or None."""
+    return next((t.dtype for t in state.values() if t.is_floating_point()), None)
+
+
+def cast_floating(state: Mapping[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """``state`` with its floating-point tensors in ``dtype`` (None, or already that dtype: unchanged)."""
+    return {k: t.to(dtype) if dtype is not None and t.is_floating_point() else t for k, t in state.items()}
+
+
+def weights_checksum(state: Mapping[str, torch.Tensor], dtype: torch.dtype | None = None) -> str:
+    """sha256 over names, dtypes, shapes and bytes of every tensor, in name order (device independent).
+
+    ``dtype``: hash the floating-point tensors as cast to it, which is what a rollout engine in another
+    precision (``explorer.rollout.dtype``) holds after loading them."""
     h = hashlib.sha256()
     for name in sorted(state):
-        t = state[name].detach().to("cpu").contiguous()
+        t = state[name].detach()
+        t = (t.to(dtype) if dtype is not None and t.is_floating_point() else t).to("cpu").contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
@@ -78,12 +92,22 @@ class CheckpointSync:
             return None
         version, path = found
         meta = json.loads((path / META).read_text())
-        engine.update_weights(load_file(path / WEIGHTS), version)
-        own = weights_checksum(engine.state_dict())
-        if own != meta["checksum"]:
+        published = load_file(path / WEIGHTS)
+        engine.update_weights(published, version)
+        loaded = engine.state_dict()
+        dtype = floating_dtype(loaded)
+        expected = meta["checksum"]
+        if dtype != floating_dtype(
+            published
+        ):  # an engine in another precision: check the file, then the cast
+            if weights_checksum(published) != expected:
+                raise WeightSyncError(f"{path / WEIGHTS} does not match its {META} checksum (damaged file?)")
+            expected = weights_checksum(published, dtype)
+        own = weights_checksum(loaded)
+        if own != expected:
             raise WeightSyncError(
                 f"weights of version {version} from {path} do not match after loading (checksum {own[:12]} vs "
-                f"{meta['checksum'][:12]}): the rollout model and the trainer's model differ in structure or dtype"
+                f"{expected[:12]}): the rollout model and the trainer's model differ in structure"
             )
         return version
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 import torch
 import torch.distributed as dist
 
-from trivium.sync.checkpoint import WeightSyncError, weights_checksum
+from trivium.sync.checkpoint import WeightSyncError, cast_floating, weights_checksum
 
 TRAINER_RANK = 0
 
@@ -40,8 +40,11 @@ class CollectiveSync:
             )
         self.device = torch.device("cuda") if backend == "nccl" else torch.device("cpu")
 
-    def send(self, state: Mapping[str, torch.Tensor], version: int) -> str:
-        """Trainer side: broadcast ``state`` as ``version``; returns the checksum sent."""
+    def send(self, state: Mapping[str, torch.Tensor], version: int, dtype: torch.dtype | None = None) -> str:
+        """Trainer side: broadcast ``state`` as ``version``, floating-point tensors cast to ``dtype`` (the
+        receiving engine's, ``explorer.rollout.dtype``: the receiver's buffers are in it); returns the
+        checksum sent."""
+        state = cast_floating(state, dtype)
         checksum = weights_checksum(state)
         self._broadcast_meta(version, checksum)
         for flat in _flatten(state, self.device):

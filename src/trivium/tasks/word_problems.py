@@ -16,6 +16,16 @@ Design decisions:
 - The test split excludes every question of the train and SFT splits (exact text), so test accuracy
   is never inflated by memorised rows.
 
+Two styles. ``short`` (the quickstart): one or two steps, equation lines only, ~20-token answers.
+``explained`` (the 25M engine benchmark's workload, after bench/engines' W2): three to five steps from a
+start of 20-40, every step narrated, ~100-token answers:
+
+    Ava starts with 25 pens.
+    Ava wins 1 more pens, so add: 25+1=26.
+    ...
+    So Ava has 24 pens now.
+    #### 24
+
 Left out: multiplication/division and multi-entity problems; the point is a learnable gap, not coverage.
 """
 
@@ -57,35 +67,56 @@ VERBS = (
 SLIP_PROB = 0.05  # noisy rows only: the final "#### N" is off by one, the equation lines are left as is
 
 
+Style = Literal["short", "explained"]
+
+
 @dataclass(frozen=True)
 class _Problem:
     question: str
     start: int
     steps: tuple[tuple[int, int], ...]  # (index into VERBS, operand)
+    name: str
+    item: str
 
 
-def _make_problem(rng: random.Random) -> _Problem:
+def _make_problem(rng: random.Random, style: Style = "short") -> _Problem:
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
-    start = rng.randint(6, 20)
-    operands = [rng.randint(1, min(9, start - 1))]
-    if rng.random() < 0.5:  # two steps; start - first - second >= 0, so no variant goes negative
-        operands.append(rng.randint(1, min(9, start - operands[0])))
+    if style == "short":
+        start = rng.randint(6, 20)
+        operands = [rng.randint(1, min(9, start - 1))]
+        if rng.random() < 0.5:  # two steps; start - first - second >= 0, so no variant goes negative
+            operands.append(rng.randint(1, min(9, start - operands[0])))
+    else:
+        start = rng.randint(20, 40)
+        low, operands = start, []  # low: the value if every step subtracted; operands keep it >= 0
+        for _ in range(rng.randint(3, 5)):
+            operands.append(rng.randint(1, max(1, min(9, low - 1))))
+            low -= operands[-1]
     steps = tuple((rng.randrange(len(VERBS)), n) for n in operands)
     sentences = [f"{name} has {start} {item}."]
     for k, (verb, n) in enumerate(steps):
         subject = f"Then {name}" if k else name
         sentences.append(f"{subject} {VERBS[verb].phrase.format(n=n, item=item)}.")
     sentences.append(f"How many {item} does {name} have now?")
-    return _Problem(" ".join(sentences), start, steps)
+    return _Problem(" ".join(sentences), start, steps, name, item)
 
 
-def _solution(start: int, operands: Sequence[int], ops: Sequence[Op]) -> tuple[list[str], int]:
-    """Equation lines ``13-4=9`` (one per step) and the final value."""
-    value, lines = start, []
-    for n, op in zip(operands, ops):
+def _solution(problem: _Problem, ops: Sequence[Op], style: Style = "short") -> tuple[list[str], int]:
+    """Solution lines (``13-4=9`` per step, or narrated sentences for ``explained``) and the final value."""
+    value, lines = problem.start, []
+    name, item = problem.name, problem.item
+    if style == "explained":
+        lines.append(f"{name} starts with {value} {item}.")
+    for (verb, n), op in zip(problem.steps, ops):
         new = value + n if op == "+" else value - n
-        lines.append(f"{value}{op}{n}={new}")
+        if style == "explained":
+            how = "add" if op == "+" else "subtract"
+            lines.append(f"{name} {VERBS[verb].phrase.format(n=n, item=item)}, so {how}: {value}{op}{n}={new}.")
+        else:
+            lines.append(f"{value}{op}{n}={new}")
         value = new
+    if style == "explained":
+        lines.append(f"So {name} has {value} {item} now.")
     return lines, value
 
 
@@ -100,13 +131,16 @@ def _teacher_ops(problem: _Problem, rng: random.Random) -> list[Op]:
 
 
 def generate_rows(
-    n: int, *, seed: int, noisy: bool = False, exclude: Collection[str] = ()
+    n: int, *, seed: int, noisy: bool = False, exclude: Collection[str] = (), style: Style = "short"
 ) -> list[dict[str, str]]:
     """``n`` rows ``{"question", "answer"}``; ``answer`` is the solution text ending in ``#### N``.
 
     Gold rows (``noisy=False``) are always right. Noisy rows hold the confused teacher's solution for the
-    *same* questions as the gold rows of this seed. Questions in ``exclude`` are redrawn.
+    *same* questions as the gold rows of this seed. Questions in ``exclude`` are redrawn. ``style``: see the
+    module docstring.
     """
+    if style not in ("short", "explained"):
+        raise ValueError(f"generate_rows(style={style!r}): style is 'short' or 'explained'")
     if n < 0:
         raise ValueError(f"generate_rows(n={n}): n must be >= 0")
     problem_rng = random.Random(f"{seed}/problems")
@@ -120,12 +154,11 @@ def generate_rows(
                 f"generate_rows: drew {100 * n + 100} problems but {n - len(rows)} more were all in exclude "
                 f"({len(exclude)} questions); pass a smaller exclude set or ask for fewer rows"
             )
-        problem = _make_problem(problem_rng)
+        problem = _make_problem(problem_rng, style)
         if problem.question in exclude:
             continue
-        operands = [operand for _, operand in problem.steps]
         ops = _teacher_ops(problem, teacher_rng) if noisy else [VERBS[v].op for v, _ in problem.steps]
-        lines, final = _solution(problem.start, operands, ops)
+        lines, final = _solution(problem, ops, style)
         if noisy and teacher_rng.random() < SLIP_PROB:
             final += 1 if final == 0 or teacher_rng.random() < 0.5 else -1
         rows.append({"question": problem.question, "answer": "\n".join([*lines, f"#### {final}"])})
@@ -133,7 +166,13 @@ def generate_rows(
 
 
 def write_word_problems(
-    out_dir: str | Path, *, seed: int = 0, n_train: int = 4000, n_test: int = 256, n_sft: int = 4000
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    n_train: int = 4000,
+    n_test: int = 256,
+    n_sft: int = 4000,
+    style: Style = "short",
 ) -> dict[str, Path]:
     """Write ``train.jsonl`` (gold), ``sft.jsonl`` (noisy teacher) and ``test.jsonl`` (gold, disjoint).
 
@@ -141,10 +180,10 @@ def write_word_problems(
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    train = generate_rows(n_train, seed=_split_seed(seed, "train"))
-    sft = generate_rows(n_sft, seed=_split_seed(seed, "sft"), noisy=True)
+    train = generate_rows(n_train, seed=_split_seed(seed, "train"), style=style)
+    sft = generate_rows(n_sft, seed=_split_seed(seed, "sft"), noisy=True, style=style)
     seen = {r["question"] for r in train} | {r["question"] for r in sft}
-    test = generate_rows(n_test, seed=_split_seed(seed, "test"), exclude=seen)
+    test = generate_rows(n_test, seed=_split_seed(seed, "test"), exclude=seen, style=style)
     paths = {}
     for split, rows in (("train", train), ("test", test), ("sft", sft)):
         paths[split] = out / f"{split}.jsonl"
