@@ -111,7 +111,9 @@ def _solution(problem: _Problem, ops: Sequence[Op], style: Style = "short") -> t
         new = value + n if op == "+" else value - n
         if style == "explained":
             how = "add" if op == "+" else "subtract"
-            lines.append(f"{name} {VERBS[verb].phrase.format(n=n, item=item)}, so {how}: {value}{op}{n}={new}.")
+            lines.append(
+                f"{name} {VERBS[verb].phrase.format(n=n, item=item)}, so {how}: {value}{op}{n}={new}."
+            )
         else:
             lines.append(f"{value}{op}{n}={new}")
         value = new
