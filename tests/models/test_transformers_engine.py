@@ -262,3 +262,41 @@ def test_bf16_options_sample_with_fp32_logprobs_of_their_own_distribution(
     assert weights is (torch.bfloat16 if options["dtype"] == "bfloat16" else torch.float32)
     fp32 = TransformersEngine.from_pretrained(tiny_dir, seed=0, autocast_dtype="float32")
     assert fp32.autocast_dtype is None  # fp32 "autocast" is plain fp32
+
+
+def test_reserved_layer_behaves_like_dynamic_layer() -> None:
+    """The reserved-buffer cache layer against transformers' DynamicLayer through the same operations:
+    prefill, appends past its capacity (it grows), row selection with repeats, crop."""
+    from transformers.cache_utils import DynamicLayer
+
+    from trivium.models.transformers_engine import ReservedLayer
+
+    ours, theirs = ReservedLayer(capacity=5), DynamicLayer()
+    g = torch.Generator().manual_seed(0)
+
+    def step(n_rows: int, n_tokens: int) -> None:
+        k, v = (
+            torch.randn(n_rows, 2, n_tokens, 4, generator=g),
+            torch.randn(n_rows, 2, n_tokens, 3, generator=g),
+        )
+        a, b = ours.update(k, v), theirs.update(k, v)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+    step(2, 3)
+    ours.batch_select_indices(torch.tensor([0, 0, 1, 1]))
+    theirs.batch_select_indices(torch.tensor([0, 0, 1, 1]))
+    for _ in range(4):  # 3 + 4 tokens: past the capacity of 5
+        step(4, 1)
+    assert ours.get_seq_length() == theirs.get_seq_length() == 7 and ours._keys.shape[2] >= 7
+    ours.batch_select_indices(torch.tensor([1, 3]))
+    theirs.batch_select_indices(torch.tensor([1, 3]))
+    ours.crop(-2)
+    theirs.crop(-2)
+    assert torch.equal(ours.keys, theirs.keys) and torch.equal(ours.values, theirs.values)
+    step(2, 1)
+    assert ours.get_seq_length() == 6
+    capped = ReservedLayer(capacity=4, max_capacity=6)
+    capped.update(torch.zeros(1, 1, 5, 2), torch.zeros(1, 1, 5, 2))  # needs 5: 2 x 4 capped at 6
+    assert capped._keys.shape[2] == 6
+    capped.update(torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 3, 2))  # past the cap: grows to what it needs
+    assert capped._keys.shape[2] == 8 and capped.get_seq_length() == 8
