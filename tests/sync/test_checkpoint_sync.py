@@ -101,6 +101,7 @@ def test_engine_in_another_precision_loads_fp32_versions_and_still_catches_damag
     (tmp_path / "v00000002" / "meta.json").write_text(json.dumps({"version": 2, "checksum": "0" * 64}))
     with pytest.raises(WeightSyncError, match=r"does not match its meta\.json checksum"):
         sync.load_newer(engine)
+    assert engine.version == 1  # the damaged version was not loaded
 
 
 def test_checksum_of_a_cast_equals_the_checksum_of_the_cast_tensors():

@@ -57,8 +57,8 @@ class RolloutConfig(StrictModel):
     every sync; needs the vllm package (CPU: scripts/setup_vllm_cpu.sh). See docs/engines.md."""
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
     """Dtype of the rollout engine's weights; None: the policy's (model.dtype). bfloat16 halves the engine's
-    memory and was 1.4-2.2x faster on CPU for a 25M model (benchmarks/engines.py); log-probs then differ from
-    the trainer's fp32 ones by the bf16 error (logged as mismatch/logprob_abs_max every step)."""
+    weights and sampled 1.7x faster than fp32 on CPU for a 25M model (benchmarks/engines.py); log-probs then
+    differ from the trainer's fp32 ones by the bf16 error (logged as mismatch/logprob_abs_max every step)."""
     autocast_dtype: Literal["bfloat16", "float16"] | None = None
     """transformers engine only: keep the weights in ``dtype`` and run the forward under torch.autocast in
     this dtype (matmuls in bf16, the rest fp32). None: off."""

@@ -93,17 +93,18 @@ class CheckpointSync:
         version, path = found
         meta = json.loads((path / META).read_text())
         published = load_file(path / WEIGHTS)
-        engine.update_weights(published, version)
-        loaded = engine.state_dict()
-        dtype = floating_dtype(loaded)
+        dtype = floating_dtype(engine.state_dict())
         expected = meta["checksum"]
-        if dtype != floating_dtype(
-            published
-        ):  # an engine in another precision: check the file, then the cast
+        # an engine in another precision (explorer.rollout.dtype): check the file before loading it, then
+        # compare the engine with the file's weights cast to its dtype
+        if dtype != floating_dtype(published):
             if weights_checksum(published) != expected:
-                raise WeightSyncError(f"{path / WEIGHTS} does not match its {META} checksum (damaged file?)")
+                raise WeightSyncError(
+                    f"{path / WEIGHTS} does not match its {META} checksum (damaged file?); nothing was loaded"
+                )
             expected = weights_checksum(published, dtype)
-        own = weights_checksum(loaded)
+        engine.update_weights(published, version)
+        own = weights_checksum(engine.state_dict())
         if own != expected:
             raise WeightSyncError(
                 f"weights of version {version} from {path} do not match after loading (checksum {own[:12]} vs "
