@@ -116,7 +116,12 @@ def test_killed_explore_and_train_processes_resume_exactly_once(tmp_path, tiny_m
 
 
 @pytest.mark.integration
-def test_collective_weight_sync_over_gloo_between_two_processes(tmp_path, tiny_model_dir, word_problem_dir):
+@pytest.mark.parametrize("rollout_dtype", [None, "bfloat16"], ids=["fp32", "bf16-engine"])
+def test_collective_weight_sync_over_gloo_between_two_processes(
+    tmp_path, tiny_model_dir, word_problem_dir, rollout_dtype
+):
+    """With a bf16 engine (explorer.rollout.dtype) the fp32 trainer sends its weights cast to bf16 (the
+    receiver's buffers are bf16), and the receiver's checksum check passes on what it loaded."""
     import socket
 
     with socket.socket() as s:
@@ -135,6 +140,8 @@ def test_collective_weight_sync_over_gloo_between_two_processes(tmp_path, tiny_m
         },
     )
     cmd = [sys.executable, "-m", "trivium.cli", "run", "-c", str(path), "--set"]
+    if rollout_dtype:
+        cmd = [*cmd, f"explorer.rollout.dtype={rollout_dtype}", "--set"]
     explore = subprocess.Popen([*cmd, "mode=explore"], stderr=subprocess.PIPE, text=True)
     train = subprocess.run([*cmd, "mode=train"], capture_output=True, text=True, timeout=300)
     _, explore_err = explore.communicate(timeout=300)
