@@ -225,7 +225,7 @@ def run_row(spec: dict) -> dict:
     import torch
 
     from trivium.models.loading import load_causal_lm, load_tokenizer
-    from trivium.models.protocol import SamplingParams
+    from trivium.models.protocol import SamplingParams, eos_token_ids
 
     torch.set_flush_denormal(True)
     model_dir, prompts, engine_type = Path(spec["model"]), spec["prompts"], spec["engine"]
@@ -233,9 +233,7 @@ def run_row(spec: dict) -> dict:
     if engine_type == "hf":
         tokenizer = load_tokenizer(model_dir)
         model = load_causal_lm(model_dir, dtype=spec["dtype"], device="cpu").eval()
-        configured = model.generation_config.eos_token_id
-        configured = configured if isinstance(configured, list) else [configured]
-        eos_ids = sorted({int(e) for e in (tokenizer.eos_token_id, *configured) if e is not None})
+        eos_ids = sorted(eos_token_ids(tokenizer, model.generation_config, "HF generate"))
 
         def call(seed: int):
             torch.manual_seed(seed)

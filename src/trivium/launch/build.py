@@ -80,6 +80,7 @@ def build_rollout_model(
     from trivium.models.batching import BatchingRolloutModel
 
     r = cfg.explorer.rollout
+    param = next(policy.parameters())
     if r.engine_type == "vllm":
         from trivium.models.vllm_engine import VllmEngine
 
@@ -88,7 +89,7 @@ def build_rollout_model(
             tokenizer,
             version=version,
             seed=cfg.seed,
-            dtype=r.dtype or next(policy.parameters()).dtype,
+            dtype=r.dtype or param.dtype,
             kv_cache_gb=r.vllm_kv_cache_gb,
             gpu_memory_utilization=r.vllm_gpu_memory_utilization,
             enforce_eager=r.vllm_enforce_eager,
@@ -97,7 +98,6 @@ def build_rollout_model(
 
     from trivium.models.transformers_engine import TransformersEngine
 
-    param = next(policy.parameters())
     if copy_policy:
         policy = copy.deepcopy(policy).eval()
         for p in policy.parameters():

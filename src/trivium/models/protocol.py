@@ -14,7 +14,7 @@ Left out on purpose: per-request seeds, logit processors and beam search; an eng
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
@@ -29,6 +29,7 @@ __all__ = [
     "SamplingParams",
     "check_prompts",
     "checked_state_dict",
+    "eos_token_ids",
 ]
 
 FinishReason = Literal["eos", "stop", "length"]
@@ -168,3 +169,21 @@ def checked_state_dict(
             "'_orig_mod.' first)."
         )
     return full
+
+
+def eos_token_ids(tokenizer: PreTrainedTokenizerBase, generation_config, what: str) -> set[int]:
+    """The ids that end a response, the same for every engine: the tokenizer's eos plus every eos id of the
+    model's generation config (some models have several; ``generation_config`` may be None). ``what``
+    names the engine in the error."""
+    ids: set[int] = set()
+    for value in (tokenizer.eos_token_id, getattr(generation_config, "eos_token_id", None)):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, Iterable):
+            ids.update(int(v) for v in value)
+    if not ids:
+        raise ValueError(
+            f"{what}: neither the tokenizer nor the model's generation config defines an eos token id; set "
+            "tokenizer.eos_token or eos_token_id in generation_config.json"
+        )
+    return ids

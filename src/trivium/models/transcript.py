@@ -31,18 +31,10 @@ from typing import Any
 from trivium.models.chat import TemplateError, render_ids
 from trivium.models.protocol import Generation
 
-__all__ = ["TemplateReport", "Transcript", "check_template", "eos_token_ids", "render_ids"]
+__all__ = ["TemplateReport", "Transcript", "check_template", "render_ids"]
 
 _PROBE_USER = {"role": "user", "content": "Hello."}
 _PROBE_ASSISTANT = {"role": "assistant", "content": "Hi."}
-
-
-def eos_token_ids(tokenizer, extra: Iterable[int] = ()) -> set[int]:
-    """End-of-turn candidates: the tokenizer's eos and ``extra`` (e.g. the model's generation_config eos)."""
-    ids = set(extra)
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    return ids
 
 
 @dataclass
@@ -68,7 +60,10 @@ class Transcript:
     ):
         self.tokenizer = tokenizer
         self.tools = list(tools) if tools else None
-        self.eos_ids = eos_token_ids(tokenizer, eos_ids)
+        # end-of-turn candidates: the engine's eos ids (eos_ids) and the tokenizer's eos
+        self.eos_ids = set(eos_ids) | (
+            {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
+        )
         self.messages: list[dict[str, Any]] = [dict(m) for m in messages]
         self.tokens: list[int] = render_ids(tokenizer, self.messages, True, self.tools)
         self.prompt_length = len(self.tokens)

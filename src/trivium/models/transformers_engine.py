@@ -31,7 +31,7 @@ import contextlib
 import inspect
 import logging
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -45,6 +45,7 @@ from trivium.models.protocol import (
     SamplingParams,
     check_prompts,
     checked_state_dict,
+    eos_token_ids,
 )
 from trivium.models.sampling import sample_next
 from trivium.models.stopping import StopChecker
@@ -84,7 +85,7 @@ class TransformersEngine:
         self._tokenizer = tokenizer
         self.version = 0
         self.pad_id = _pad_id(tokenizer)
-        self.eos_ids = _eos_ids(tokenizer, model)
+        self.eos_ids = eos_token_ids(tokenizer, model.generation_config, "TransformersEngine")
         self.vocab_size = model.get_input_embeddings().num_embeddings
         self.max_length = model.config.max_position_embeddings
         # transformers renamed the forward's cache argument (past_key_values -> cache, 5.2x); the old name
@@ -354,19 +355,3 @@ def _pad_id(tokenizer: PreTrainedTokenizerBase) -> int:
         if token_id is not None:
             return int(token_id)
     return 0
-
-
-def _eos_ids(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> set[int]:
-    """The tokenizer's eos plus every eos id of the model's generation config (some models have several)."""
-    ids: set[int] = set()
-    for value in (tokenizer.eos_token_id, model.generation_config.eos_token_id):
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, Iterable):
-            ids.update(int(v) for v in value)
-    if not ids:
-        raise ValueError(
-            "TransformersEngine: neither the tokenizer nor model.generation_config defines an eos token id; "
-            "set tokenizer.eos_token or model.generation_config.eos_token_id"
-        )
-    return ids

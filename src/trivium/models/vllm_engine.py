@@ -44,7 +44,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +54,7 @@ from trivium.models.protocol import (
     SamplingParams,
     check_prompts,
     checked_state_dict,
+    eos_token_ids,
 )
 from trivium.models.stopping import StopChecker
 
@@ -127,7 +128,7 @@ class VllmEngine:
             generation = GenerationConfig.from_pretrained(self.model_path)
         except OSError:
             generation = None
-        self.eos_ids = _eos_ids(self._tokenizer, generation)
+        self.eos_ids = eos_token_ids(self._tokenizer, generation, "VllmEngine")
         self.version = 0
         self.last_update_seconds: float | None = None
         self._owned_dir = owned_dir  # removed by close(), or by the watchdog when this process dies
@@ -423,22 +424,6 @@ def _host_copy(
         if target in state and source in out:
             out[target] = out[source]
     return out
-
-
-def _eos_ids(tokenizer: PreTrainedTokenizerBase, generation: Any) -> set[int]:
-    """The tokenizer's eos plus every eos id of the generation config (the in-process engine's rule)."""
-    ids: set[int] = set()
-    for value in (tokenizer.eos_token_id, getattr(generation, "eos_token_id", None)):
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, Iterable):
-            ids.update(int(v) for v in value)
-    if not ids:
-        raise ValueError(
-            "VllmEngine: neither the tokenizer nor the generation config defines an eos token id; set "
-            "tokenizer.eos_token or eos_token_id in generation_config.json"
-        )
-    return ids
 
 
 class TriviumWorkerExtension:

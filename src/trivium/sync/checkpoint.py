@@ -31,9 +31,13 @@ def floating_dtype(state: Mapping[str, torch.Tensor]) -> torch.dtype | None:
     return next((t.dtype for t in state.values() if t.is_floating_point()), None)
 
 
+def _cast(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    return t.to(dtype) if dtype is not None and t.is_floating_point() else t
+
+
 def cast_floating(state: Mapping[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
     """``state`` with its floating-point tensors in ``dtype`` (None, or already that dtype: unchanged)."""
-    return {k: t.to(dtype) if dtype is not None and t.is_floating_point() else t for k, t in state.items()}
+    return {k: _cast(t, dtype) for k, t in state.items()}
 
 
 def weights_checksum(state: Mapping[str, torch.Tensor], dtype: torch.dtype | None = None) -> str:
@@ -43,8 +47,7 @@ def weights_checksum(state: Mapping[str, torch.Tensor], dtype: torch.dtype | Non
     precision (``explorer.rollout.dtype``) holds after loading them."""
     h = hashlib.sha256()
     for name in sorted(state):
-        t = state[name].detach()
-        t = (t.to(dtype) if dtype is not None and t.is_floating_point() else t).to("cpu").contiguous()
+        t = _cast(state[name].detach(), dtype).to("cpu").contiguous()  # one tensor at a time: no full copy
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
