@@ -69,7 +69,7 @@ def test_bad_inputs_are_named(make_batch):
     scale = loss_scale(batch.loss_mask, batch.seq_index, norm_constant=4)
     with pytest.raises(UnknownPartError, match="token-mean") as err:
         aggregate(torch.ones(batch.loss_mask.shape), batch.loss_mask, batch.seq_index, "token_mean", scale)
-    assert "Did you mean 'token-mean'" in str(err.value)
+    assert "did you mean 'token-mean'" in str(err.value)
     with pytest.raises(ValueError, match=r"\[R, L\] shape"):
         aggregate(torch.ones(3), batch.loss_mask, batch.seq_index, "token-mean", scale)
     with pytest.raises(ValueError, match="bool"):

@@ -37,8 +37,9 @@ def test_miss_lists_valid_names_and_the_nearest(registry):
     with pytest.raises(UnknownPartError) as err:
         registry.get("alpah")
     assert isinstance(err.value, KeyError)
-    assert str(err.value).startswith("Unknown widget 'alpah'. Did you mean 'alpha'? Valid names: alpha, beta")
-    with pytest.raises(KeyError, match="Valid names: alpha, beta"):
+    assert str(err.value).startswith("unknown widget 'alpah'. did you mean 'alpha'? valid: alpha, beta")
+    assert err.value.rule == "unknown widget 'alpah'" and err.value.fix.startswith("did you mean 'alpha'?")
+    with pytest.raises(KeyError, match="valid: alpha, beta"):
         registry.get("zzz")
 
 
@@ -99,7 +100,10 @@ def test_dotted_path_imports_a_users_loss(tmp_path, monkeypatch):
     [
         ("no_such_module_xyz:fn", "cannot import module 'no_such_module_xyz'"),
         ("trivium.algorithm.kl:k9", "has no attribute 'k9'"),
-        ("trivium.algorithm.presets:PRESETS", "is a dict, not a function"),
+        ("trivium.algorithm.presets:PRESETS", "is a Registry, not a function"),
+        ("os:system", "not taken from Python.s standard library"),
+        (".rel:x", "not a valid import path"),
+        (":", "not a valid import path"),
     ],
 )
 def test_dotted_path_errors_name_the_problem(path, message):

@@ -53,5 +53,5 @@ def test_config_checks_the_strategy(tmp_path):
         validate_raw(raw, tmp_path)
     assert {p.path for p in info.value.problems} == {"buffer.expert_dataset", "buffer.expert_per_step"}
     raw["algorithm"] = {"algorithm_type": "grpo", "sample_strategy": "mixx"}
-    with pytest.raises(ConfigError, match="Did you mean 'mix'"):
+    with pytest.raises(ConfigError, match="did you mean 'mix'"):
         validate_raw(raw, tmp_path)

@@ -75,7 +75,7 @@ def test_subclass_glue_and_instruction():
 
 def test_taxi_by_dotted_path_seeds_from_the_task():
     def start(t):
-        env = make_env("trivium.envs.gym_adapter.GymnasiumEnv", env_id="Taxi-v4")
+        env = make_env("trivium.envs.gym_adapter:GymnasiumEnv", env_id="Taxi-v4")
         try:
             return env.reset(t)
         finally:

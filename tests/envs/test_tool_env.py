@@ -95,14 +95,14 @@ def test_custom_question_field_and_no_system_prompt():
 
 
 def test_bad_setup_errors_name_the_problem():
-    with pytest.raises(KeyError, match=r"unknown tools \['nope'\]"):
+    with pytest.raises(KeyError, match=r"unknown tool 'nope'.*valid: calculator"):
         ToolEnv(tools=["nope"])
     with pytest.raises(TypeError, match="list of tool names"):
         ToolEnv(tools="calculator")
     with pytest.raises(ValueError, match="field 'prompt'"):
         ToolEnv(question_field="prompt").reset(task())
     bad_reward = Task("q:1", {"question": QUESTION, "answer": "42"}, "multi_turn", reward_fn="no_such_reward")
-    with pytest.raises(KeyError, match="unknown reward_fn 'no_such_reward'"):
+    with pytest.raises(KeyError, match="unknown reward function 'no_such_reward'"):
         make_env("calculator").reset(bad_reward)
 
 

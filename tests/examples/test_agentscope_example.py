@@ -29,7 +29,7 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "examples" / "agentscope" / "agentscope.yaml"
-AGENT = "examples.agentscope.agent.calculator_agent"  # workflow_args.agent in the config
+AGENT = "examples.agentscope.agent:calculator_agent"  # workflow_args.agent in the config
 KEY = "test-key"
 DEFAULTS = SamplingParams(max_tokens=24, include_stop_str_in_output=False)
 TASK = Task("calc:0", {"question": "Compute 816 + 196.", "answer": "1012"}, "openai_agent", "math_verify")
@@ -63,7 +63,7 @@ def example():
     ``PYTHONPATH=.`` does for ``trivium run``)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(str(ROOT))
-        yield importlib.import_module(AGENT.rpartition(".")[0])
+        yield importlib.import_module(AGENT.partition(":")[0])
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def engine(tmp_path_factory, example):
     from trivium.models.transformers_engine import TransformersEngine
 
     rows = calculator_rows(200, seed=0)
-    corpus = [example.SYSTEM_PROMPT, json.dumps(TOOLS["calculator"].schema()["function"])]
+    corpus = [example.SYSTEM_PROMPT, json.dumps(TOOLS.get("calculator").schema()["function"])]
     corpus += [r["question"] for r in rows] + [f"#### {r['answer']}" for r in rows]
     corpus += [format_tool_call("calculator", {"expression": r["expression"]}) for r in rows]
     path = make_tiny(

@@ -93,7 +93,7 @@ def test_a_workflow_over_time_stops_at_its_next_model_call_and_is_not_retried(en
 def test_failed_episodes_of_a_multi_turn_task_are_recorded_with_their_run(engine):
     records = []
     args = {
-        "env": "tests.workflows.conftest.CountdownEnv",
+        "env": "tests.workflows.conftest:CountdownEnv",
         "env_args": {"turns": 2, "fail_on": 1},
     }
     from tests.workflows.conftest import CountdownEnv

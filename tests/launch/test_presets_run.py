@@ -51,7 +51,7 @@ def run(folder, cfg):
 def test_online_preset_runs(setup, tiny_model_dir, word_problem_dir, algorithm):
     cfg = base_config(setup, tiny_model_dir, word_problem_dir, algorithm)
     cfg["algorithm"] = {"algorithm_type": algorithm}
-    if PRESETS[algorithm].sample_strategy == "mix":
+    if PRESETS.get(algorithm).sample_strategy == "mix":
         cfg["buffer"]["expert_dataset"] = {
             "path": str(word_problem_dir / "sft.jsonl"),
             "fields": {"prompt": "question", "response": "answer"},
@@ -60,7 +60,7 @@ def test_online_preset_runs(setup, tiny_model_dir, word_problem_dir, algorithm):
     records = run(setup, cfg)
     last = records[-1]
     assert last["step"] == 2 and "train/loss" in last and "eval/test/accuracy" in last
-    if PRESETS[algorithm].needs_critic:
+    if PRESETS.get(algorithm).needs_critic:
         assert "value/explained_variance" in last
 
 

@@ -1,14 +1,13 @@
 import pytest
 
+from trivium.registry import UnknownPartError
 from trivium.rewards import REWARD_FNS, RewardResult, get_reward_fn, register_reward
 
 
 @pytest.fixture
 def restore_registry():
-    saved = dict(REWARD_FNS)
-    yield
-    REWARD_FNS.clear()
-    REWARD_FNS.update(saved)
+    with REWARD_FNS.snapshot():
+        yield
 
 
 def test_builtins_are_registered_on_import():
@@ -20,13 +19,25 @@ def test_register_lookup_and_duplicate(restore_registry):
     def always_one(response, data):
         return RewardResult(1.0, {})
 
-    assert get_reward_fn("always_one") is always_one
+    assert get_reward_fn("always_one").__wrapped__ is always_one
+    assert get_reward_fn("always_one")("x", {}) == RewardResult(1.0, {})
     with pytest.raises(ValueError, match="'always_one' is already registered"):
         register_reward("always_one")(always_one)
 
 
+def test_a_plain_number_is_a_reward_and_nonsense_is_refused(restore_registry):
+    register_reward("length")(lambda response, data: len(response))
+    register_reward("text")(lambda response, data: "good")
+    register_reward("infinite")(lambda response, data: float("inf"))
+    assert get_reward_fn("length")("abc", {}) == RewardResult(3.0, {})
+    with pytest.raises(TypeError, match="reward function 'text' returned str 'good': return a number"):
+        get_reward_fn("text")("abc", {})
+    with pytest.raises(ValueError, match="non-finite reward inf"):
+        get_reward_fn("infinite")("abc", {})
+
+
 def test_miss_lists_valid_names():
-    with pytest.raises(KeyError, match=r"unknown reward_fn 'nope'.*'exact_match', 'math_verify'"):
+    with pytest.raises(UnknownPartError, match=r"unknown reward function 'nope'.*exact_match, math_verify"):
         get_reward_fn("nope")
 
 

@@ -16,7 +16,7 @@ def calculator_agent(task, api, max_turns: int = 3):
     reply = ""
     for _ in range(max_turns):
         out = client.chat.completions.create(
-            model=api.model, messages=messages, tools=[TOOLS["calculator"].schema()], max_tokens=12
+            model=api.model, messages=messages, tools=[TOOLS.get("calculator").schema()], max_tokens=12
         )
         message = out.choices[0].message
         reply = message.content or ""

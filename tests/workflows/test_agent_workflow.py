@@ -16,7 +16,7 @@ def engine(tiny_model_dir):
     return BatchingRolloutModel(TransformersEngine.from_pretrained(tiny_model_dir, seed=0))
 
 
-def tasks(n, agent="tests.workflows.agents_for_tests.calculator_agent", **args):
+def tasks(n, agent="tests.workflows.agents_for_tests:calculator_agent", **args):
     return [
         Task(
             f"calc:{i}",
@@ -70,12 +70,15 @@ def test_concat_mode_merges_a_run_into_one_experience(engine):
 def test_an_agent_without_model_calls_fails_its_runs_and_is_recorded(engine):
     records = []
     with pytest.raises(RuntimeError, match="every task of the batch failed"):
-        run(engine, tasks(1, agent="tests.workflows.agents_for_tests.silent_agent"), records)
+        run(engine, tasks(1, agent="tests.workflows.agents_for_tests:silent_agent"), records)
     assert records and "no model call" in records[0]["reason"]
 
 
 def test_a_bad_agent_path_is_a_clear_error():
+    from trivium.registry import UnknownPartError
     from trivium.workflows.agent import OpenAIAgentWorkflow
 
-    with pytest.raises(ValueError, match="cannot be imported"):
+    with pytest.raises(UnknownPartError, match="cannot import module 'no_such_package'"):
+        OpenAIAgentWorkflow(agent="no_such_package:agent")
+    with pytest.raises(UnknownPartError, match=r"looks like a dotted path: write it as 'package\.module:name'"):
         OpenAIAgentWorkflow(agent="no_such_package.agent")

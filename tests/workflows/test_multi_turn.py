@@ -11,7 +11,7 @@ from trivium.models.transformers_engine import TransformersEngine
 from trivium.types import Task, collate
 from trivium.workflows.multi_turn import ConcatenatedMultiTurnWorkflow, StepWiseWorkflow
 
-ENV = "tests.workflows.conftest.CountdownEnv"  # imported by dotted path, like a user's own environment
+ENV = "tests.workflows.conftest:CountdownEnv"  # imported by path, like a user's own environment
 
 
 class RecordingEngine:

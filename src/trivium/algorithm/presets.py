@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from trivium.algorithm.registry import UnknownPartError
+from trivium.registry import Registry, instance_of
 
 __all__ = ["PRESETS", "AlgorithmPreset", "get_preset"]
 
@@ -68,187 +68,184 @@ def _rl(name: str, advantage: str, loss: str, description: str, **kw: Any) -> Al
 
 _CLIP = {"clip_low": 0.2, "clip_high": 0.2}
 
-PRESETS: dict[str, AlgorithmPreset] = {
-    p.name: p
-    for p in [
-        _rl(
-            "grpo",
-            "grpo",
-            "ppo_clip",
-            "GRPO (arXiv:2402.03300): group-normalised outcome advantage, PPO clip "
-            "0.2, token-mean (the paper's seq-mean-token-mean is one override away); KL (k3) when kl_coef > 0.",
-            advantage_args={"std_normalize": True, "epsilon": 1e-6},
-            policy_loss_args=_CLIP,
-        ),
-        _rl(
-            "step_wise_grpo",
-            "step_wise_grpo",
-            "ppo_clip",
-            "Step-wise GRPO for multi-turn agents (one experience per model turn): GRPO's advantage computed "
-            "over the task's episodes, each turn getting its return's advantage; PPO clip 0.2, token-mean.",
-            advantage_args={"std_normalize": True, "epsilon": 1e-6},
-            policy_loss_args=_CLIP,
-        ),
-        _rl(
-            "dr_grpo",
-            "grpo",
-            "ppo_clip",
-            "Dr. GRPO (arXiv:2503.20783): no std division, no length "
-            "normalisation (seq-mean-token-sum-norm with C = max response length).",
-            advantage_args={"std_normalize": False},
-            policy_loss_args=_CLIP,
-            aggregation="seq-mean-token-sum-norm",
-        ),
-        _rl(
-            "dapo",
-            "grpo",
-            "ppo_clip",
-            "DAPO (arXiv:2503.14476): clip-higher 0.2/0.28, token-level loss, no "
-            "KL; turn on algorithm.dynamic_sampling and algorithm.overlong_penalty for the rest of the recipe.",
-            advantage_args={"std_normalize": True},
-            policy_loss_args={"clip_low": 0.2, "clip_high": 0.28},
-        ),
-        _rl(
-            "ppo",
-            "gae",
-            "ppo_clip",
-            "PPO (arXiv:1707.06347) with a critic: GAE (γ=λ=1 for LLMs), whitened "
-            "advantages, PPO clip 0.2, clipped value loss; reward KL penalty via algorithm.kl_penalty.",
-            policy_loss_args=_CLIP,
-            needs_critic=True,
-        ),
-        _rl(
-            "rloo",
-            "rloo",
-            "ppo_clip",
-            "RLOO (arXiv:2402.14740): leave-one-out baseline, PPO clip (token "
-            "form); a sequence-level KL penalty via algorithm.kl_penalty.",
-            policy_loss_args=_CLIP,
-        ),
-        _rl(
-            "reinforceplusplus",
-            "reinforceplusplus",
-            "ppo_clip",
-            "REINFORCE++ (arXiv:2501.03262): returns "
-            "of KL-penalised token rewards, global whitening, PPO clip.",
-            policy_loss_args=_CLIP,
-        ),
-        _rl(
-            "reinforceplusplus_baseline",
-            "reinforceplusplus_baseline",
-            "ppo_clip",
-            "REINFORCE++-baseline: R − group mean, global whitening, PPO clip; KL as a loss term (kl_loss).",
-            policy_loss_args=_CLIP,
-        ),
-        _rl(
-            "gspo",
-            "grpo",
-            "gspo",
-            "GSPO: sequence-level ratio (length-normalised), clip 3e-4/4e-4, seq-mean-token-mean.",
-            advantage_args={"std_normalize": True},
-            policy_loss_args={"clip_low": 3e-4, "clip_high": 4e-4},
-            aggregation="seq-mean-token-mean",
-        ),
-        _rl(
-            "cispo",
-            "grpo",
-            "cispo",
-            "CISPO: REINFORCE with a stop-gradient, upper-clipped IS weight.",
-            advantage_args={"std_normalize": True},
-        ),
-        _rl(
-            "sapo",
-            "grpo",
-            "sapo",
-            "SAPO: a soft, differentiable gate instead of the hard clip.",
-            advantage_args={"std_normalize": True},
-            aggregation="seq-mean-token-mean",
-        ),
-        _rl(
-            "topr",
-            "grpo",
-            "topr",
-            "TOPR (arXiv:2503.14286): positives without IS, negatives with the "
-            "sequence ratio truncated to [0, 1]; here on group-relative advantages.",
-            advantage_args={"std_normalize": False},
-            aggregation="seq-mean-token-sum",
-        ),
-        _rl(
-            "sppo",
-            "rec",
-            "sppo",
-            "sPPO (arXiv:2108.05828): log-ratio surrogate in a two-sided band ε=0.3, group-mean baseline.",
-        ),
-        _rl(
-            "asymre",
-            "asymre",
-            "rec",
-            "AsymRE (arXiv:2506.20520): REINFORCE with the baseline shifted "
-            "below the group mean (δ_V = −0.1).",
-            policy_loss_args={"clip_mode": "none", "weight": "none"},
-        ),
-        _rl(
-            "rec",
-            "rec",
-            "rec",
-            "REC-OneSide-NoIS (arXiv:2509.24203): group-relative REINFORCE with "
-            "PPO's one-sided clip used as a mask, no IS weight.",
-            policy_loss_args={"clip_mode": "one-side", "weight": "none"},
-        ),
-        _rl(
-            "on_policy_distill",
-            "on_policy_distill",
-            "is_pg",
-            "On-policy distillation: per-token reverse KL "
-            "to a teacher (auxiliary model) as the advantage; IS policy gradient.",
-            needs_teacher=True,
-        ),
-        _rl(
-            "jsd",
-            "jsd_distill",
-            "is_pg",
-            "JSD distillation (GKD), sampled-token policy-gradient form with "
-            "β = 0.5; needs a teacher (auxiliary model).",
-            needs_teacher=True,
-        ),
-        _rl(
-            "mix_chord",
-            "grpo",
-            "chord",
-            "CHORD (arXiv:2508.11408): GRPO on rollouts mixed with SFT on expert "
-            "demonstrations (buffer.expert_dataset), weighted by a scheduled μ.",
-            advantage_args={"std_normalize": True},
-            aggregation="chord",
-            sample_strategy="mix",
-        ),
-        AlgorithmPreset(
-            name="sft",
-            advantage_fn=None,
-            policy_loss_fn="sft",
-            aggregation="token-mean",
-            needs_rollouts=False,
-            needs_reference=False,
-            offline_data="sft",
-            description="Supervised fine-tuning: masked negative log-likelihood of the target tokens.",
-        ),
-        AlgorithmPreset(
-            name="dpo",
-            advantage_fn=None,
-            policy_loss_fn="sft",  # unused: DPO trains through its own pair loss (trainer/dpo.py)
-            aggregation="token-mean",
-            needs_rollouts=False,
-            needs_reference=True,
-            offline_data="preference",
-            description="DPO (arXiv:2305.18290): sigmoid preference loss against a frozen reference.",
-        ),
-    ]
-}
+_BUILTIN = [
+    _rl(
+        "grpo",
+        "grpo",
+        "ppo_clip",
+        "GRPO (arXiv:2402.03300): group-normalised outcome advantage, PPO clip "
+        "0.2, token-mean (the paper's seq-mean-token-mean is one override away); KL (k3) when kl_coef > 0.",
+        advantage_args={"std_normalize": True, "epsilon": 1e-6},
+        policy_loss_args=_CLIP,
+    ),
+    _rl(
+        "step_wise_grpo",
+        "step_wise_grpo",
+        "ppo_clip",
+        "Step-wise GRPO for multi-turn agents (one experience per model turn): GRPO's advantage computed "
+        "over the task's episodes, each turn getting its return's advantage; PPO clip 0.2, token-mean.",
+        advantage_args={"std_normalize": True, "epsilon": 1e-6},
+        policy_loss_args=_CLIP,
+    ),
+    _rl(
+        "dr_grpo",
+        "grpo",
+        "ppo_clip",
+        "Dr. GRPO (arXiv:2503.20783): no std division, no length "
+        "normalisation (seq-mean-token-sum-norm with C = max response length).",
+        advantage_args={"std_normalize": False},
+        policy_loss_args=_CLIP,
+        aggregation="seq-mean-token-sum-norm",
+    ),
+    _rl(
+        "dapo",
+        "grpo",
+        "ppo_clip",
+        "DAPO (arXiv:2503.14476): clip-higher 0.2/0.28, token-level loss, no "
+        "KL; turn on algorithm.dynamic_sampling and algorithm.overlong_penalty for the rest of the recipe.",
+        advantage_args={"std_normalize": True},
+        policy_loss_args={"clip_low": 0.2, "clip_high": 0.28},
+    ),
+    _rl(
+        "ppo",
+        "gae",
+        "ppo_clip",
+        "PPO (arXiv:1707.06347) with a critic: GAE (γ=λ=1 for LLMs), whitened "
+        "advantages, PPO clip 0.2, clipped value loss; reward KL penalty via algorithm.kl_penalty.",
+        policy_loss_args=_CLIP,
+        needs_critic=True,
+    ),
+    _rl(
+        "rloo",
+        "rloo",
+        "ppo_clip",
+        "RLOO (arXiv:2402.14740): leave-one-out baseline, PPO clip (token "
+        "form); a sequence-level KL penalty via algorithm.kl_penalty.",
+        policy_loss_args=_CLIP,
+    ),
+    _rl(
+        "reinforceplusplus",
+        "reinforceplusplus",
+        "ppo_clip",
+        "REINFORCE++ (arXiv:2501.03262): returns of KL-penalised token rewards, global whitening, PPO clip.",
+        policy_loss_args=_CLIP,
+    ),
+    _rl(
+        "reinforceplusplus_baseline",
+        "reinforceplusplus_baseline",
+        "ppo_clip",
+        "REINFORCE++-baseline: R − group mean, global whitening, PPO clip; KL as a loss term (kl_loss).",
+        policy_loss_args=_CLIP,
+    ),
+    _rl(
+        "gspo",
+        "grpo",
+        "gspo",
+        "GSPO: sequence-level ratio (length-normalised), clip 3e-4/4e-4, seq-mean-token-mean.",
+        advantage_args={"std_normalize": True},
+        policy_loss_args={"clip_low": 3e-4, "clip_high": 4e-4},
+        aggregation="seq-mean-token-mean",
+    ),
+    _rl(
+        "cispo",
+        "grpo",
+        "cispo",
+        "CISPO: REINFORCE with a stop-gradient, upper-clipped IS weight.",
+        advantage_args={"std_normalize": True},
+    ),
+    _rl(
+        "sapo",
+        "grpo",
+        "sapo",
+        "SAPO: a soft, differentiable gate instead of the hard clip.",
+        advantage_args={"std_normalize": True},
+        aggregation="seq-mean-token-mean",
+    ),
+    _rl(
+        "topr",
+        "grpo",
+        "topr",
+        "TOPR (arXiv:2503.14286): positives without IS, negatives with the "
+        "sequence ratio truncated to [0, 1]; here on group-relative advantages.",
+        advantage_args={"std_normalize": False},
+        aggregation="seq-mean-token-sum",
+    ),
+    _rl(
+        "sppo",
+        "rec",
+        "sppo",
+        "sPPO (arXiv:2108.05828): log-ratio surrogate in a two-sided band ε=0.3, group-mean baseline.",
+    ),
+    _rl(
+        "asymre",
+        "asymre",
+        "rec",
+        "AsymRE (arXiv:2506.20520): REINFORCE with the baseline shifted below the group mean (δ_V = −0.1).",
+        policy_loss_args={"clip_mode": "none", "weight": "none"},
+    ),
+    _rl(
+        "rec",
+        "rec",
+        "rec",
+        "REC-OneSide-NoIS (arXiv:2509.24203): group-relative REINFORCE with "
+        "PPO's one-sided clip used as a mask, no IS weight.",
+        policy_loss_args={"clip_mode": "one-side", "weight": "none"},
+    ),
+    _rl(
+        "on_policy_distill",
+        "on_policy_distill",
+        "is_pg",
+        "On-policy distillation: per-token reverse KL "
+        "to a teacher (auxiliary model) as the advantage; IS policy gradient.",
+        needs_teacher=True,
+    ),
+    _rl(
+        "jsd",
+        "jsd_distill",
+        "is_pg",
+        "JSD distillation (GKD), sampled-token policy-gradient form with "
+        "β = 0.5; needs a teacher (auxiliary model).",
+        needs_teacher=True,
+    ),
+    _rl(
+        "mix_chord",
+        "grpo",
+        "chord",
+        "CHORD (arXiv:2508.11408): GRPO on rollouts mixed with SFT on expert "
+        "demonstrations (buffer.expert_dataset), weighted by a scheduled μ.",
+        advantage_args={"std_normalize": True},
+        aggregation="chord",
+        sample_strategy="mix",
+    ),
+    AlgorithmPreset(
+        name="sft",
+        advantage_fn=None,
+        policy_loss_fn="sft",
+        aggregation="token-mean",
+        needs_rollouts=False,
+        needs_reference=False,
+        offline_data="sft",
+        description="Supervised fine-tuning: masked negative log-likelihood of the target tokens.",
+    ),
+    AlgorithmPreset(
+        name="dpo",
+        advantage_fn=None,
+        policy_loss_fn="sft",  # unused: DPO trains through its own pair loss (trainer/dpo.py)
+        aggregation="token-mean",
+        needs_rollouts=False,
+        needs_reference=True,
+        offline_data="preference",
+        description="DPO (arXiv:2305.18290): sigmoid preference loss against a frozen reference.",
+    ),
+]
+
+PRESETS: Registry[AlgorithmPreset] = Registry(
+    "algorithm", doc="an AlgorithmPreset (trivium.algorithm.presets)", check=instance_of(AlgorithmPreset)
+)
+for _preset in _BUILTIN:
+    PRESETS.register(_preset.name)(_preset)
 
 
 def get_preset(name: str) -> AlgorithmPreset:
-    try:
-        return PRESETS[name]
-    except KeyError:
-        raise UnknownPartError(
-            f"Unknown algorithm {name!r}. Valid algorithms: {', '.join(sorted(PRESETS))}"
-        ) from None
+    """The preset called ``name`` (``algorithm.algorithm_type``): registered, or ``module:PRESET``."""
+    return PRESETS.get(name)

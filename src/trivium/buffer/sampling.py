@@ -13,11 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from trivium.algorithm.registry import Registry
 from trivium.config.schema import TriviumConfig
+from trivium.registry import Registry
 from trivium.types import Experience
 
-SAMPLE_STRATEGIES = Registry("sample strategy")
+
+def _is_strategy(obj) -> str | None:
+    if isinstance(obj, type) and issubclass(obj, SampleStrategy):
+        return None
+    return f"is {obj!r}, not a subclass of trivium.buffer.sampling.SampleStrategy"
 
 
 class SampleStrategy:
@@ -36,6 +40,11 @@ class SampleStrategy:
         return list(rollouts)
 
 
+SAMPLE_STRATEGIES: Registry[type[SampleStrategy]] = Registry(
+    "sample strategy",
+    doc="a SampleStrategy subclass: Class(cfg, tokenizer, **args)(rollouts, step) -> experiences",
+    check=_is_strategy,
+)
 SAMPLE_STRATEGIES.register("default")(SampleStrategy)
 
 

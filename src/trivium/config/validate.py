@@ -248,32 +248,21 @@ def _check_algorithm(cfg: TriviumConfig, at) -> list[Problem]:
 
     out = []
     a = cfg.algorithm
+    problem = PRESETS.problem(a.algorithm_type)
+    if problem:
+        return [Problem(at("algorithm.algorithm_type"), a.algorithm_type, problem.rule, problem.fix)]
     preset = PRESETS.get(a.algorithm_type)
-    if preset is None:
-        hint = did_you_mean(a.algorithm_type, PRESETS)
-        out.append(
-            Problem(
-                at("algorithm.algorithm_type"),
-                a.algorithm_type,
-                "unknown algorithm",
-                (hint + " " if hint else "") + f"valid: {', '.join(sorted(PRESETS))}",
-            )
-        )
-        return out
     for field, registry in (
         ("advantage_fn", ADVANTAGE_FNS),
         ("policy_loss_fn", POLICY_LOSS_FNS),
         ("loss_agg_mode", AGGREGATIONS),
     ):
         name = getattr(a, field)
-        if name is None:
-            continue
-        try:
-            registry.get(name)
-        except (KeyError, ImportError, AttributeError) as exc:
-            out.append(
-                Problem(at(f"algorithm.{field}"), name, str(exc).strip("'\""), "use a registered name")
-            )
+        problem = None if name is None else registry.problem(name)
+        if problem:
+            out.append(Problem(at(f"algorithm.{field}"), name, problem.rule, problem.fix))
+    if out:
+        return out
     for fn_field, args_field, registry, default in (
         ("policy_loss_fn", "policy_loss_args", POLICY_LOSS_FNS, preset.policy_loss_fn),
         ("advantage_fn", "advantage_args", ADVANTAGE_FNS, preset.advantage_fn),
@@ -285,7 +274,7 @@ def _check_algorithm(cfg: TriviumConfig, at) -> list[Problem]:
         try:
             part = "advantage" if fn_field == "advantage_fn" else "policy_loss"
             registry.check_args(name, {**preset.args_for(part, name), **args})
-        except (TypeError, KeyError, ImportError, AttributeError) as exc:
+        except (TypeError, ValueError) as exc:
             out.append(
                 Problem(
                     at(f"algorithm.{args_field}"),
@@ -313,9 +302,6 @@ def _check_algorithm(cfg: TriviumConfig, at) -> list[Problem]:
 
 
 def _check_data(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
-    from trivium.rewards.registry import REWARD_FNS
-    from trivium.workflows.registry import WORKFLOWS
-
     out = []
     buf = cfg.buffer
     if cfg.mode == "explore" and buf.storage is None:
@@ -359,9 +345,7 @@ def _check_data(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
         out.append(
             Problem(at("buffer.taskset"), None, "mode 'both' explores tasks", "set buffer.taskset.path")
         )
-    from trivium.algorithm.presets import PRESETS
-
-    preset = PRESETS.get(cfg.algorithm.algorithm_type)
+    preset = _preset_or_none(cfg)
     wanted = preset.offline_data if preset is not None else None
     for kind, field in (("sft", "sft_dataset"), ("preference", "preference_dataset")):
         if cfg.mode == "train" and wanted == kind and getattr(buf, field) is None:
@@ -388,11 +372,11 @@ def _check_data(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
         from trivium.buffer.sampling import SAMPLE_STRATEGIES
 
         name = cfg.algorithm.sample_strategy or preset.sample_strategy
-        try:
-            strategy = SAMPLE_STRATEGIES.get(name)
-        except (KeyError, ImportError, AttributeError) as exc:
-            out.append(Problem(at("algorithm.sample_strategy"), name, str(exc), "use a registered name"))
+        problem = SAMPLE_STRATEGIES.problem(name)
+        if problem:
+            out.append(Problem(at("algorithm.sample_strategy"), name, problem.rule, problem.fix))
         else:
+            strategy = SAMPLE_STRATEGIES.get(name)
             for path, rule, fix in strategy.problems(cfg, cfg.algorithm.sample_strategy_args):
                 out.append(Problem(at(path), None, rule, fix))
     if cfg.mode == "bench" and not buf.eval_tasksets:
@@ -413,50 +397,7 @@ def _check_data(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
             out.append(Problem(at(path + ".path"), ts.path, "a task set needs a file", "set its path"))
         elif check_files and not Path(ts.path).exists():
             out.append(Problem(at(path + ".path"), ts.path, "file not found", "check the path"))
-        if ts.workflow not in WORKFLOWS:
-            hint = did_you_mean(ts.workflow, WORKFLOWS)
-            out.append(
-                Problem(
-                    at(path + ".workflow"),
-                    ts.workflow,
-                    "unknown workflow",
-                    (hint + " " if hint else "") + f"valid: {', '.join(sorted(WORKFLOWS))}",
-                )
-            )
-        else:
-            try:  # workflow constructors only check their arguments: cheap, no model involved
-                WORKFLOWS[ts.workflow](**ts.workflow_args)
-            except (TypeError, ValueError) as exc:
-                out.append(
-                    Problem(
-                        at(path + ".workflow_args"),
-                        ts.workflow_args,
-                        str(exc),
-                        f"see the '{ts.workflow}' workflow's docstring for its arguments",
-                    )
-                )
-            known = WORKFLOWS[ts.workflow].fields
-            for key in ts.fields:
-                if key not in known:
-                    hint = did_you_mean(key, known)
-                    out.append(
-                        Problem(
-                            at(f"{path}.fields.{key}"),
-                            ts.fields[key],
-                            f"workflow '{ts.workflow}' has no field '{key}'",
-                            (hint + " " if hint else "") + f"its fields: {', '.join(known)}",
-                        )
-                    )
-        if ts.reward_fn not in REWARD_FNS:
-            hint = did_you_mean(ts.reward_fn, REWARD_FNS)
-            out.append(
-                Problem(
-                    at(path + ".reward_fn"),
-                    ts.reward_fn,
-                    "unknown reward function",
-                    (hint + " " if hint else "") + f"valid: {', '.join(sorted(REWARD_FNS))}",
-                )
-            )
+        out += _check_taskset_parts(path, ts, at)
     if buf.sft_dataset is not None and cfg.mode == "train" and buf.sft_dataset.format == "prompt_response":
         sd = buf.sft_dataset
         if not sd.path:
@@ -485,6 +426,55 @@ def _check_data(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
                     mini,
                     f"must divide the train batch (batch_size × repeat_times = {batch})",
                     "pick a divisor, or 0 for one update per batch",
+                )
+            )
+    return out
+
+
+def _preset_or_none(cfg: TriviumConfig):
+    from trivium.algorithm.presets import PRESETS
+
+    name = cfg.algorithm.algorithm_type
+    return None if PRESETS.problem(name) else PRESETS.get(name)
+
+
+def _check_taskset_parts(path: str, ts: TaskSetConfig, at) -> list[Problem]:
+    """The task set's workflow (its arguments and environment included), field names and reward."""
+    from trivium.registry import UnknownPartError
+    from trivium.rewards.registry import REWARD_FNS
+    from trivium.workflows.registry import WORKFLOWS
+
+    out = []
+    problem = REWARD_FNS.problem(ts.reward_fn)
+    if problem:
+        out.append(Problem(at(path + ".reward_fn"), ts.reward_fn, problem.rule, problem.fix))
+    problem = WORKFLOWS.problem(ts.workflow)
+    if problem:
+        return [*out, Problem(at(path + ".workflow"), ts.workflow, problem.rule, problem.fix)]
+    workflow = WORKFLOWS.get(ts.workflow)
+    try:  # constructors only check and store their arguments (an environment too): cheap, no model
+        instance = workflow(**ts.workflow_args)
+        if hasattr(instance, "make_env"):
+            instance.make_env()
+    except (TypeError, ValueError, UnknownPartError) as exc:
+        out.append(
+            Problem(
+                at(path + ".workflow_args"),
+                ts.workflow_args,
+                str(exc),
+                f"see the '{ts.workflow}' workflow's docstring for its arguments",
+            )
+        )
+    known = workflow.fields
+    for key in ts.fields:
+        if key not in known:
+            hint = did_you_mean(key, known)
+            out.append(
+                Problem(
+                    at(f"{path}.fields.{key}"),
+                    ts.fields[key],
+                    f"workflow '{ts.workflow}' has no field '{key}'",
+                    (hint + " " if hint else "") + f"its fields: {', '.join(known)}",
                 )
             )
     return out

@@ -22,9 +22,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trivium.registry import Registry, subclass_of
 from trivium.types import Task
 
-__all__ = ["ENVIRONMENTS", "Environment", "Message", "StepResult", "as_messages", "make_env", "register_env"]
+__all__ = [
+    "ENVIRONMENTS",
+    "Environment",
+    "Message",
+    "StepResult",
+    "as_messages",
+    "get_env_class",
+    "make_env",
+    "register_env",
+]
 
 Message = Mapping[str, Any]
 
@@ -38,7 +48,12 @@ class StepResult:
 
 
 class Environment(ABC):
-    """One episode's environment. Subclasses take their ``env_args`` as keyword arguments."""
+    """One episode's environment. Subclasses take their ``env_args`` as keyword arguments.
+
+    The constructor must be cheap and free of side effects (check its arguments, store them): one is made
+    per episode, and ``trivium check-config`` makes one to check ``env_args``. Start processes, open
+    connections or build simulators in ``reset``.
+    """
 
     name: str = ""
     #: Task row fields this environment needs (name -> allowed types), checked when the task set loads.
@@ -71,36 +86,27 @@ def as_messages(observation: str | Sequence[Message]) -> list[dict[str, Any]]:
     return out
 
 
-ENVIRONMENTS: dict[str, type[Environment]] = {}
+ENVIRONMENTS: Registry[type[Environment]] = Registry(
+    "environment",
+    doc="an Environment subclass: Class(**env_args) with reset(task) and step(text)",
+    check=subclass_of(Environment),
+)
 
 
 def register_env(name: str):
+    """Class decorator: register an ``Environment`` subclass under ``name`` (also its ``name`` attribute)."""
+
     def deco(cls: type[Environment]) -> type[Environment]:
-        if name in ENVIRONMENTS:
-            raise ValueError(
-                f"environment '{name}' is already registered (by {ENVIRONMENTS[name].__module__})"
-            )
-        ENVIRONMENTS[name] = cls
         cls.name = name
-        return cls
+        return ENVIRONMENTS.register(name)(cls)
 
     return deco
 
 
 def get_env_class(name: str) -> type[Environment]:
+    """The environment called ``name``: registered (built-ins included) or ``module:Class``."""
     _load_builtins()
-    if name not in ENVIRONMENTS and "." in name:  # "package.module.ClassName"
-        import importlib
-
-        module, _, attr = name.rpartition(".")
-        return getattr(importlib.import_module(module), attr)
-    try:
-        return ENVIRONMENTS[name]
-    except KeyError:
-        raise KeyError(
-            f"unknown environment '{name}'; registered: {', '.join(sorted(ENVIRONMENTS))} "
-            "(or give a dotted path 'package.module.ClassName')"
-        ) from None
+    return ENVIRONMENTS.get(name)
 
 
 def make_env(name: str, **env_args: Any) -> Environment:

@@ -1,16 +1,20 @@
-"""The reward seam: ``fn(response, data) -> RewardResult``, looked up by name.
+"""The reward seam: ``fn(response, data) -> RewardResult``, looked up by name or ``module:function``.
 
 A reward sees the response text and the task's mapped fields (``Task.data``) and nothing else, so it is a
-pure function that can run in any worker thread. Callers never branch on the name.
+pure function that can run in any worker thread. Callers never branch on the name. A function may also
+return a plain number; ``as_result`` turns it into a ``RewardResult``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["REWARD_FNS", "RewardFn", "RewardResult", "get_reward_fn", "register_reward"]
+from trivium.registry import Registry, callable_part
+
+__all__ = ["REWARD_FNS", "RewardFn", "RewardResult", "as_result", "get_reward_fn", "register_reward"]
 
 
 @dataclass(frozen=True)
@@ -20,22 +24,36 @@ class RewardResult:
 
 
 RewardFn = Callable[[str, Mapping[str, Any]], RewardResult]
-REWARD_FNS: dict[str, RewardFn] = {}
+REWARD_FNS: Registry[RewardFn] = Registry(
+    "reward function", doc="fn(response: str, data: Mapping) -> RewardResult | float", check=callable_part
+)
 
 
 def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
-    def decorator(fn: RewardFn) -> RewardFn:
-        if name in REWARD_FNS:
-            raise ValueError(
-                f"reward {name!r} is already registered (by {REWARD_FNS[name].__module__}); pick another name"
+    return REWARD_FNS.register(name)
+
+
+def get_reward_fn(name: str) -> Callable[[str, Mapping[str, Any]], RewardResult]:
+    """The reward called ``name``, returning a ``RewardResult`` whatever the function itself returns."""
+    fn = REWARD_FNS.get(name)
+
+    def reward(response: str, data: Mapping[str, Any]) -> RewardResult:
+        return as_result(fn(response, data), name)
+
+    reward.__wrapped__ = fn  # type: ignore[attr-defined]
+    return reward
+
+
+def as_result(value: Any, name: str) -> RewardResult:
+    """A reward function's return value as a ``RewardResult``; a non-finite or non-numeric reward raises."""
+    result = value if isinstance(value, RewardResult) else None
+    if result is None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(
+                f"reward function {name!r} returned {type(value).__name__} {value!r}: return a number or a "
+                "RewardResult(reward, metrics)"
             )
-        REWARD_FNS[name] = fn
-        return fn
-
-    return decorator
-
-
-def get_reward_fn(name: str) -> RewardFn:
-    if name not in REWARD_FNS:
-        raise KeyError(f"unknown reward_fn {name!r}; registered rewards: {sorted(REWARD_FNS)}")
-    return REWARD_FNS[name]
+        result = RewardResult(float(value))
+    if not math.isfinite(result.reward):
+        raise ValueError(f"reward function {name!r} returned a non-finite reward {result.reward!r}")
+    return result

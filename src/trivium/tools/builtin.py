@@ -10,25 +10,26 @@ import ast
 import operator
 from collections.abc import Sequence
 
+from trivium.registry import Registry, instance_of
 from trivium.tools.calls import Tool
 
 __all__ = ["TOOLS", "calculate", "get_tools", "register_tool"]
 
-TOOLS: dict[str, Tool] = {}
+TOOLS: Registry[Tool] = Registry(
+    "tool",
+    doc="a trivium.tools.Tool (name, description, JSON-schema parameters, fn)",
+    check=instance_of(Tool),
+)
 
 
 def register_tool(tool: Tool) -> Tool:
-    if tool.name in TOOLS:
-        raise ValueError(f"tool '{tool.name}' is already registered")
-    TOOLS[tool.name] = tool
-    return tool
+    """Register ``tool`` under its own ``name``."""
+    return TOOLS.register(tool.name)(tool)
 
 
 def get_tools(names: Sequence[str]) -> list[Tool]:
-    unknown = [n for n in names if n not in TOOLS]
-    if unknown:
-        raise KeyError(f"unknown tools {unknown}; registered: {', '.join(sorted(TOOLS))}")
-    return [TOOLS[n] for n in names]
+    """The tools called ``names`` (registered names or ``module:TOOL``), in order."""
+    return [TOOLS.get(n) for n in names]
 
 
 _BINARY = {

@@ -1,6 +1,7 @@
 """Train any agent that talks to an OpenAI-compatible API: its calls are recorded into experiences.
 
-``workflow: openai_agent`` with ``workflow_args.agent: package.module.function`` runs the user's agent
+``workflow: openai_agent`` with ``workflow_args.agent: package.module:function`` (or a name registered
+with ``register_agent``) runs the user's agent
 once per run of a task. The agent gets an ``AgentAPI``: a base URL (and key, model name, ready clients)
 of the rollout model's endpoint, bound to a recording session of its own. Every call it makes is
 sampled by the rollout model and recorded with its exact token ids and log-probs (the endpoint continues
@@ -25,9 +26,6 @@ leaves temperature and max_tokens unset samples exactly as configured (the train
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import os
-import sys
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -36,11 +34,12 @@ from typing import Any, ClassVar, Literal
 
 from trivium.models.handle import ModelHandle
 from trivium.models.protocol import SamplingParams
+from trivium.registry import Registry, callable_part
 from trivium.types import Experience, Task
 from trivium.workflows.base import Workflow
 from trivium.workflows.registry import register_workflow
 
-__all__ = ["AgentAPI", "OpenAIAgentWorkflow", "endpoint_for"]
+__all__ = ["AGENTS", "AgentAPI", "OpenAIAgentWorkflow", "endpoint_for", "register_agent"]
 
 MODEL_NAME = "policy"
 
@@ -83,27 +82,20 @@ def endpoint_for(model: Any, params: SamplingParams):
         return server
 
 
-def load_agent(path: str) -> Callable[[Task, AgentAPI], Any]:
-    module, _, name = path.rpartition(".")
-    if not module:
-        raise ValueError(f"workflow_args.agent={path!r} must be a dotted path 'package.module.function'")
-    if os.getcwd() not in sys.path:  # `trivium` (a console script) does not put the working folder there
-        sys.path.append(os.getcwd())
-    try:
-        fn = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(
-            f"workflow_args.agent={path!r} cannot be imported ({exc}); is its folder on PYTHONPATH "
-            "(run from the folder that holds the package)?"
-        ) from exc
-    if not callable(fn):
-        raise ValueError(f"workflow_args.agent={path!r} is not a function")
-    return fn
+AGENTS: Registry[Callable[[Task, AgentAPI], Any]] = Registry(
+    "agent", doc="fn(task: Task, api: AgentAPI) -> reward | (reward, metrics)", check=callable_part
+)
+
+
+def register_agent(name: str):
+    """Decorator: register an agent function under ``name`` (``workflow_args.agent: name``)."""
+    return AGENTS.register(name)
 
 
 @register_workflow("openai_agent")
 class OpenAIAgentWorkflow(Workflow):
-    """Run ``agent`` (a dotted path) against a recording endpoint; see the module docstring."""
+    """Run ``agent`` (a registered name or ``module:function``) against a recording endpoint; see the
+    module docstring."""
 
     reads_all_columns: ClassVar[bool] = True  # the agent reads whatever it needs from the row
 
@@ -115,7 +107,7 @@ class OpenAIAgentWorkflow(Workflow):
     ):
         if mode not in ("step", "concat"):
             raise ValueError(f"workflow_args.mode={mode!r} must be 'step' or 'concat'")
-        self.agent = load_agent(agent)
+        self.agent = AGENTS.get(agent)
         self.agent_path = agent
         self.mode = mode
         self.agent_args = dict(agent_args or {})

@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from trivium.envs.base import Environment, StepResult, as_messages, make_env
+from trivium.envs.base import Environment, StepResult, as_messages, get_env_class
 from trivium.models.chat import TemplateError
 from trivium.models.handle import ModelHandle
 from trivium.models.transcript import Transcript, check_template
@@ -110,7 +110,7 @@ class Episode:
 class MultiTurnWorkflow(Workflow):
     """Concatenated multi-turn episodes with an environment; see the module docstring.
 
-    Args (``workflow_args``): ``env`` (registered name or dotted path), ``env_args`` (keyword arguments of
+    Args (``workflow_args``): ``env`` (registered name or ``module:Class``), ``env_args`` (keyword arguments of
     the environment), ``max_turns`` (model turns per episode), ``env_timeout_s`` (per reset/step, 0 = no
     limit), ``allow_unstable_template``.
     """
@@ -132,6 +132,7 @@ class MultiTurnWorkflow(Workflow):
         if max_turns < 1:
             raise ValueError(f"workflow_args.max_turns={max_turns} must be >= 1")
         self.env_name = env
+        self.env_class = get_env_class(env)  # an unknown name fails here (and in check-config)
         self.env_args = dict(env_args or {})
         self.max_turns = max_turns
         self.env_timeout_s = env_timeout_s
@@ -139,7 +140,7 @@ class MultiTurnWorkflow(Workflow):
         self.failed_runs: list[tuple[int, str]] = []  # (run_index, reason), read by the explorer
 
     def make_env(self) -> Environment:
-        return make_env(self.env_name, **self.env_args)
+        return self.env_class(**self.env_args)
 
     # ----------------------------------------------------------------------------------------- episodes
     def run(self, task: Task, model: ModelHandle) -> list[Experience]:

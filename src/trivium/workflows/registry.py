@@ -1,28 +1,42 @@
-"""The workflow registry: a plain dict filled by a decorator. Cheap to import (no torch, no models)."""
+"""The workflow seam: ``WORKFLOWS`` (a ``trivium.registry.Registry``) of ``Workflow`` subclasses.
+
+A task set names its workflow by registered name (``math``, ``multi_turn``, ...) or as ``module:Class``.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-WORKFLOWS: dict[str, Any] = {}
+from trivium.registry import Registry
+
+
+def _is_workflow(obj: Any) -> str | None:
+    from trivium.workflows.base import Workflow
+
+    if isinstance(obj, type) and issubclass(obj, Workflow):
+        return None
+    return f"is {obj!r}, not a subclass of trivium.workflows.base.Workflow"
+
+
+WORKFLOWS: Registry[type] = Registry(
+    "workflow",
+    doc="a Workflow subclass: Class(**workflow_args).run(task, model) -> [Experience]",
+    check=_is_workflow,
+)
 
 
 def register_workflow(name: str):
+    """Class decorator: register a ``Workflow`` subclass under ``name`` (also its ``name`` attribute)."""
+
     def deco(cls):
-        if name in WORKFLOWS:
-            raise ValueError(f"workflow '{name}' is already registered (by {WORKFLOWS[name].__module__})")
-        WORKFLOWS[name] = cls
         cls.name = name
-        return cls
+        return WORKFLOWS.register(name)(cls)
 
     return deco
 
 
 def get_workflow(name: str):
-    try:
-        return WORKFLOWS[name]
-    except KeyError:
-        raise KeyError(f"unknown workflow '{name}'; registered: {', '.join(sorted(WORKFLOWS))}") from None
+    return WORKFLOWS.get(name)
 
 
 # Built-in workflows register themselves on import; their modules import nothing heavy at module level.

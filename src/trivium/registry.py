@@ -1,0 +1,223 @@
+"""The one lookup mechanism of every seam: a registry of named parts, and ``module:attr`` for the user's own.
+
+Every place where a config names a piece of code goes through a ``Registry``: workflows, rewards,
+environments, tools, agents, algorithm presets and their parts (advantage, policy loss, KL estimator,
+aggregation), sample strategies, weight-sync methods. A name is either
+
+- a registered name (``"math_verify"``): built-in parts register when their module is imported, and a
+  user's module registers its own parts when the config lists it under ``plugins: [my_pkg.my_mod]``; or
+- ``"package.module:attr"``: imported on first use, with no registration at all (``attr`` may be dotted,
+  ``module:Class.method``).
+
+Design decisions:
+- One signature per registry (stated in ``doc``), and callers never branch on a part's name.
+- A miss is a configuration error: it lists every valid name and the nearest one.
+- ``module:attr`` is refused for modules of Python's standard library (``os:system`` is not a reward
+  function): plugins are the user's own code. Anything else the user names is imported and runs with the
+  user's rights, exactly as if their config were a Python script; do not run configs you do not trust.
+- An imported object must be of the seam's kind (``check``: a class of the right base, a callable), so a
+  typo fails at ``check-config`` with the reason, not deep inside a step.
+- Registries are import-time constants; ``Registry.snapshot()`` lets a test register and then restore.
+
+Left out on purpose: directory scanning, entry points and lazy string maps (one lookup mechanism).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import re
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, Generic, TypeVar
+
+__all__ = ["Registry", "UnknownPartError", "import_object", "is_import_path"]
+
+T = TypeVar("T")
+_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+_DENIED = frozenset(sys.stdlib_module_names) | {"builtins", "__main__"}
+
+
+class UnknownPartError(KeyError):
+    """A name that is neither registered nor an importable ``"module:attr"`` path of the right kind.
+
+    ``rule`` says what is wrong, ``fix`` what to do (config validation shows them apart)."""
+
+    def __init__(self, rule: str, fix: str = "") -> None:
+        super().__init__(f"{rule}. {fix}" if fix else rule)
+        self.rule, self.fix = rule, fix
+
+    def __str__(self) -> str:  # KeyError would print the message quoted, with escaped newlines
+        return str(self.args[0])
+
+
+def is_import_path(name: str) -> bool:
+    return ":" in name
+
+
+def import_object(path: str, what: str = "part") -> Any:
+    """The object at ``"package.module:attr"``; ``UnknownPartError`` saying what is wrong otherwise."""
+    if not _PATH.match(path):
+        raise UnknownPartError(
+            f"{what} {path!r} is not a valid import path",
+            "write 'package.module:name' (an absolute module, no leading dot, one ':' before the attribute)",
+        )
+    module_name, _, attr = path.partition(":")
+    if module_name.split(".")[0] in _DENIED:
+        raise UnknownPartError(
+            f"{what} {path!r}: parts are not taken from Python's standard library ({module_name!r})",
+            "name a function or class of your own module",
+        )
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as err:  # a user's module may fail to import in any way: report it, do not crash
+        raise UnknownPartError(
+            f"{what} {path!r}: cannot import module {module_name!r} ({type(err).__name__}: {err})",
+            "put the module in the config file's folder or the working directory, or on PYTHONPATH",
+        ) from err
+    try:
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError as err:
+        raise UnknownPartError(
+            f"{what} {path!r}: module {module_name!r} has no attribute {attr!r}", "check the name after ':'"
+        ) from err
+    return obj
+
+
+def callable_part(obj: Any) -> str | None:
+    """``check`` for seams of functions: the reason ``obj`` is not one, or None."""
+    return (
+        None if callable(obj) and not inspect.isclass(obj) else f"is a {type(obj).__name__}, not a function"
+    )
+
+
+def subclass_of(base: type) -> Callable[[Any], str | None]:
+    """``check`` for seams of classes: the object must be a subclass of ``base``."""
+
+    def check(obj: Any) -> str | None:
+        if inspect.isclass(obj) and issubclass(obj, base):
+            return None
+        return f"is {obj!r}, not a subclass of {base.__module__}.{base.__qualname__}"
+
+    return check
+
+
+def instance_of(kind: type) -> Callable[[Any], str | None]:
+    """``check`` for seams of values (presets, tools): the object must be an instance of ``kind``."""
+
+    def check(obj: Any) -> str | None:
+        return None if isinstance(obj, kind) else f"is a {type(obj).__name__}, not a {kind.__name__}"
+
+    return check
+
+
+class Registry(Generic[T]):
+    """Parts of one seam (e.g. ``"policy loss"``), looked up by name or ``module:attr``.
+
+    ``doc`` states the signature every part must have (shown in errors); ``check(obj)`` returns why an
+    object cannot be a part of this seam, or None (default: it must be callable).
+    """
+
+    def __init__(self, seam: str, *, doc: str = "", check: Callable[[Any], str | None] | None = None) -> None:
+        self.seam = seam
+        self.doc = doc
+        self._check = check or (
+            lambda obj: None if callable(obj) else f"is a {type(obj).__name__}, not callable"
+        )
+        self._parts: dict[str, T] = {}
+
+    def register(self, name: str) -> Callable[[T], T]:
+        """Decorator (or ``registry.register(name)(obj)``) adding ``obj`` under ``name``."""
+        if not isinstance(name, str) or not name or ":" in name:
+            raise ValueError(
+                f"{self.seam} name {name!r} must be a non-empty string and must not contain ':' (reserved for 'module:attr')"
+            )
+
+        def add(obj: T) -> T:
+            if name in self._parts:
+                owner = getattr(self._parts[name], "__module__", "?")
+                raise ValueError(
+                    f"{self.seam} {name!r} is already registered (by {owner}); choose another name"
+                )
+            reason = self._check(obj)
+            if reason:
+                raise TypeError(f"{self.seam} {name!r} {reason}" + (f" ({self.doc})" if self.doc else ""))
+            self._parts[name] = obj
+            return obj
+
+        return add
+
+    def get(self, name: str) -> T:
+        if not isinstance(name, str):
+            raise UnknownPartError(
+                f"{self.seam} must be named by a string, got {type(name).__name__} {name!r}", self._valid()
+            )
+        if name in self._parts:
+            return self._parts[name]
+        if is_import_path(name):
+            obj = import_object(name, self.seam)
+            reason = self._check(obj)
+            if reason:
+                raise UnknownPartError(f"{self.seam} {name!r} {reason}", f"expected {self.doc or 'a part'}")
+            return obj
+        near = difflib.get_close_matches(name, self._parts, n=1)
+        hint = f"did you mean {near[0]!r}? " if near else ""
+        if "." in name:
+            hint += f"{name!r} looks like a dotted path: write it as 'package.module:name'. "
+        raise UnknownPartError(f"unknown {self.seam} {name!r}", hint + self._valid())
+
+    def _valid(self) -> str:
+        return (
+            f"valid: {', '.join(self.names()) or 'none'}; or your own as 'package.module:name' (or a name "
+            "registered by a module listed under plugins:)"
+        )
+
+    def problem(self, name: str) -> UnknownPartError | None:
+        """Why ``get(name)`` would fail (``.rule``, ``.fix``), or None: for validation, which collects
+        problems instead of raising."""
+        try:
+            self.get(name)
+        except UnknownPartError as err:
+            return err
+        return None
+
+    def names(self) -> list[str]:
+        return sorted(self._parts)
+
+    def items(self) -> list[tuple[str, T]]:
+        return sorted(self._parts.items())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._parts
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def check_args(self, name: str, args: Mapping[str, Any]) -> None:
+        """Raise ``TypeError`` naming unknown keys of ``args`` (the parameters after the first).
+
+        Called before training starts so that a typo in a config fails with the list of valid keys, not
+        with Python's "unexpected keyword argument" deep inside a step.
+        """
+        params = list(inspect.signature(self.get(name)).parameters.values())[1:]  # after the inputs
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            return
+        valid = sorted(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+        unknown = sorted(set(args) - set(valid))
+        if unknown:
+            raise TypeError(
+                f"{self.seam} {name!r} got unknown args {unknown}; valid args: {', '.join(valid) or 'none'}"
+            )
+
+    @contextmanager
+    def snapshot(self) -> Iterator[Registry[T]]:
+        """Restore the registered parts on exit (tests that register must not leak into other tests)."""
+        saved = dict(self._parts)
+        try:
+            yield self
+        finally:
+            self._parts.clear()
+            self._parts.update(saved)
