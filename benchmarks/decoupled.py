@@ -10,7 +10,6 @@ at the start and at the end. Prints the accuracy gain, the wall time, and the bu
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile
@@ -59,7 +58,9 @@ def main() -> int:
         print(f"failed: train exit {train.returncode}, explore exit {explore.returncode}; see {work}")
         return 1
     run_dir = work / "decoupled" / "grpo"
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    from trivium.monitor.metrics import read_metrics
+
+    rows = read_metrics(run_dir)
     accs = [r["eval/test/accuracy"] for r in rows if "eval/test/accuracy" in r]
     from trivium.buffer.storage_sql import SqlStorage
 

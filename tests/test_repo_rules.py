@@ -50,6 +50,19 @@ def test_dependency_rules(folder, pattern, why):
     assert not hits, f"{why}: {hits}"
 
 
+@pytest.mark.parametrize("folder", ["launch", "sync"])
+def test_orchestration_never_dispatches_on_attributes(folder):
+    """Weight movement goes through the WeightSync protocol and batches through BatchSource: no
+    ``hasattr(sync, "send")``-style branching on what an object happens to have."""
+    hits = [
+        f"{p.relative_to(SRC)}:{i}"
+        for p in py_files(SRC / folder)
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if re.search(r"\bhasattr\(", line)
+    ]
+    assert not hits, hits
+
+
 def test_only_launch_may_import_ray():
     hits = [
         str(p.relative_to(SRC))

@@ -178,3 +178,10 @@ def test_autocast_only_over_fp32_weights_of_the_transformers_engine(data_dir, ro
     (p,) = [p for p in err.problems if p.path == "explorer.rollout.autocast_dtype"]
     assert why in p.rule and "explorer.rollout.dtype: bfloat16" in p.fix
     validate_raw(base(explorer={"rollout": {"autocast_dtype": "bfloat16"}}), data_dir)  # fp32 weights: fine
+
+
+def test_jsonl_storage_refuses_what_an_append_only_file_cannot_do(data_dir):
+    raw = base(mode="both")
+    raw["buffer"]["storage"] = {"backend": "jsonl", "policy": "replay", "url": "postgresql://h/db"}
+    err = problems_of(raw, data_dir)
+    assert {p.path for p in err.problems} == {"buffer.storage.policy", "buffer.storage.url"}

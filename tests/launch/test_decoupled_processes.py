@@ -74,16 +74,20 @@ def test_explore_and_train_processes_learn_together(tmp_path, tiny_model_dir, wo
 
 @pytest.mark.integration
 def test_killed_explore_and_train_processes_resume_exactly_once(tmp_path, tiny_model_dir, word_problem_dir):
+    """Each process killed after it wrote records past its last checkpoint: the restarted process drops
+    them and writes them again, so every step has exactly one record and the plot never goes back."""
     import os
+
+    from trivium.monitor.plot import plot_run
 
     path = pair_config(
         tmp_path,
         tiny_model_dir,
         word_problem_dir,
         "crash",
-        total_steps=5,
+        total_steps=6,
         synchronizer={"method": "checkpoint", "sync_interval": 1},
-        trainer={"save_interval": 1},
+        trainer={"save_interval": 2},
     )
 
     def start(mode, kill_at=""):
@@ -95,24 +99,33 @@ def test_killed_explore_and_train_processes_resume_exactly_once(tmp_path, tiny_m
             text=True,
         )
 
-    explore, train = start("explore", "explore:3"), start("train", "train:2")
-    assert train.wait(timeout=300) == -9  # killed after training step 2, before its checkpoint
-    train = start("train")  # restarted while the explorer waits for weights version 2
-    assert explore.wait(timeout=300) == -9  # killed after writing explore step 3
+    explore, train = start("explore", "explore:5"), start("train", "train:4")
+    # killed while training step 4: steps 1-3 have records, the newest checkpoint is step 2's
+    _, train_err = train.communicate(timeout=300)
+    assert train.returncode == -9, train_err[-3000:]
+    train = start("train")  # restarted while the explorer waits for weights version 4
+    assert explore.wait(timeout=300) == -9  # killed after sampling step 5, before its record
     explore = start("explore")
     _, train_err = train.communicate(timeout=300)
     _, explore_err = explore.communicate(timeout=300)
     assert train.returncode == 0, train_err[-3000:]
     assert explore.returncode == 0, explore_err[-3000:]
+    assert "resuming from" in train_err and "step_2" in train_err and "1 metric record(s)" in train_err
+    assert "explore process resumes after step 4" in explore_err
 
-    storage = SqlStorage(tmp_path / "runs" / "decoupled" / "crash" / "buffer.sqlite")
-    assert storage.count() == 5 * 2 * 3  # the re-run explore step 3 stored nothing twice
-    assert storage.count("consumed") == 5 * 2 * 3  # every experience trained exactly once
+    run_dir = tmp_path / "runs" / "decoupled" / "crash"
+    storage = SqlStorage(run_dir / "buffer.sqlite")
+    assert storage.count() == 6 * 2 * 3  # the re-run explore step 5 stored nothing twice
+    assert storage.count("consumed") == 6 * 2 * 3  # every experience trained exactly once
     storage.close()
-    train_steps = [
-        r["step"] for r in read_metrics(tmp_path / "runs" / "decoupled" / "crash") if r.get("role") == "train"
+    records = read_metrics(run_dir)
+    assert [r["step"] for r in records if r.get("role") == "train"] == [1, 2, 3, 4, 5, 6]
+    assert [r["step"] for r in records if r.get("role") == "explore"] == [1, 2, 3, 4, 5, 6]
+    assert sorted(p.name for p in run_dir.glob("metrics*.jsonl")) == [
+        "metrics.explore.jsonl",
+        "metrics.train.jsonl",
     ]
-    assert sorted(set(train_steps)) == [1, 2, 3, 4, 5]
+    plot_run(run_dir)
 
 
 @pytest.mark.integration

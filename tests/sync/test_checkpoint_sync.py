@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from trivium.models.transformers_engine import TransformersEngine
-from trivium.sync.checkpoint import CheckpointSync, WeightSyncError, weights_checksum
+from trivium.sync.checkpoint import CheckpointSync
+from trivium.sync.weights import WeightSyncError, weights_checksum
 
 PUBLISHER = textwrap.dedent("""
     import sys, torch
@@ -40,11 +41,11 @@ def test_weights_published_by_another_process_reach_the_engine(tiny_model_dir, t
     engine = TransformersEngine.from_pretrained(tiny_model_dir, seed=0)
     before = weights_checksum(engine.state_dict())
     sync = CheckpointSync(folder)
-    assert sync.load_newer(engine) == 3
+    assert sync.pull(engine) == 3
     assert engine.version == 3
     meta = json.loads((folder / "v00000003" / "meta.json").read_text())
     assert weights_checksum(engine.state_dict()) == meta["checksum"] != before
-    assert sync.load_newer(engine) is None  # nothing newer
+    assert sync.pull(engine) is None  # nothing newer
 
 
 def test_half_written_version_is_never_loaded_and_mismatch_is_an_error(tiny_model_dir, tmp_path):
@@ -55,11 +56,11 @@ def test_half_written_version_is_never_loaded_and_mismatch_is_an_error(tiny_mode
     (tmp_path / "v00000002.tmp").mkdir()  # a publisher killed mid-write
     (tmp_path / "v00000002.tmp" / "model.safetensors").write_bytes(b"garbage")
     assert sync.latest()[0] == 1
-    assert sync.load_newer(engine) == 1
+    assert sync.pull(engine) == 1
     sync.publish(state, 4)
     (tmp_path / "v00000004" / "meta.json").write_text(json.dumps({"version": 4, "checksum": "0" * 64}))
-    with pytest.raises(WeightSyncError, match="do not match"):
-        sync.load_newer(engine)
+    with pytest.raises(WeightSyncError, match="differs from the sent weights"):
+        sync.pull(engine)
 
 
 def test_checksum_sees_every_change():
@@ -73,7 +74,8 @@ def test_checksum_sees_every_change():
 
 
 def test_collective_layout_and_schedule():
-    from trivium.sync.collective import _flatten, _unflatten, versions_needed
+    from trivium.sync.collective import _flatten, _unflatten
+    from trivium.sync.versions import versions_needed
 
     state = {"b": torch.arange(3.0), "a": torch.ones(2, 2), "n": torch.tensor([7], dtype=torch.int64)}
     flats = _flatten(state, torch.device("cpu"))
@@ -83,6 +85,7 @@ def test_collective_layout_and_schedule():
     assert versions_needed(5, 2) == [2, 4]
     assert versions_needed(4, 1) == [1, 2, 3]
     assert versions_needed(5, 2, start=10) == [12, 14]
+    assert versions_needed(5, 1, offset=1) == [1, 2, 3]  # one step ahead: step s waits for s - 2
 
 
 def test_engine_in_another_precision_loads_fp32_versions_and_still_catches_damage(tiny_model_dir, tmp_path):
@@ -92,7 +95,7 @@ def test_engine_in_another_precision_loads_fp32_versions_and_still_catches_damag
     trainer_state = {k: v.float() + 0.01 for k, v in engine.state_dict().items()}
     sync = CheckpointSync(tmp_path)
     sync.publish(trainer_state, 1)
-    assert sync.load_newer(engine) == 1
+    assert sync.pull(engine) == 1
     loaded = engine.state_dict()
     assert loaded["model.norm.weight"].dtype is torch.bfloat16
     assert weights_checksum(loaded) == weights_checksum(trainer_state, torch.bfloat16)
@@ -100,12 +103,12 @@ def test_engine_in_another_precision_loads_fp32_versions_and_still_catches_damag
     sync.publish(trainer_state, 2)
     (tmp_path / "v00000002" / "meta.json").write_text(json.dumps({"version": 2, "checksum": "0" * 64}))
     with pytest.raises(WeightSyncError, match=r"does not match its meta\.json checksum"):
-        sync.load_newer(engine)
+        sync.pull(engine)
     assert engine.version == 1  # the damaged version was not loaded
 
 
 def test_checksum_of_a_cast_equals_the_checksum_of_the_cast_tensors():
-    from trivium.sync.checkpoint import cast_floating, floating_dtype
+    from trivium.sync.weights import cast_floating, floating_dtype
 
     state = {"w": torch.randn(4), "step": torch.tensor([3])}
     cast = cast_floating(state, torch.bfloat16)

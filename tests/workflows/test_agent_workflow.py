@@ -80,5 +80,7 @@ def test_a_bad_agent_path_is_a_clear_error():
 
     with pytest.raises(UnknownPartError, match="cannot import module 'no_such_package'"):
         OpenAIAgentWorkflow(agent="no_such_package:agent")
-    with pytest.raises(UnknownPartError, match=r"looks like a dotted path: write it as 'package\.module:name'"):
+    with pytest.raises(
+        UnknownPartError, match=r"looks like a dotted path: write it as 'package\.module:name'"
+    ):
         OpenAIAgentWorkflow(agent="no_such_package.agent")

@@ -177,9 +177,13 @@ class ReplayConfig(StrictModel):
 
 
 class StorageConfig(StrictModel):
+    backend: Literal["sql", "jsonl"] = "sql"
+    """sql: SQLite or PostgreSQL through SQLAlchemy (every feature: replay, serve mode's delayed rewards,
+    several trainers sharing one queue); jsonl: one append-only JSONL file that other tools can read (fifo
+    only, one reader per consumer name)."""
     url: str = ""
-    """SQLite file path or SQLAlchemy URL (postgresql+psycopg2://user:pw@host/db); empty = buffer.sqlite in
-    the run folder."""
+    """sql: a SQLite file path or SQLAlchemy URL (postgresql+psycopg2://user:pw@host/db); jsonl: the file
+    path. Empty = buffer.sqlite / buffer.jsonl in the run folder."""
     table: str = "experiences"
     """Table name, so that several buffers can share one database."""
     policy: Literal["fifo", "replay"] = "fifo"

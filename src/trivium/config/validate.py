@@ -71,7 +71,44 @@ def check_semantics(cfg: TriviumConfig, prefix: str = "", check_files: bool = Tr
     problems += _check_data(cfg, at, check_files)
     problems += _check_serve(cfg, at)
     problems += _check_engine(cfg, at)
+    problems += _check_storage(cfg, at)
     return problems
+
+
+def _check_storage(cfg: TriviumConfig, at) -> list[Problem]:
+    """The JSONL backend is an append-only file: no per-experience use counts, no rewards attached later."""
+    s = cfg.buffer.storage
+    if s is None or s.backend != "jsonl":
+        return []
+    out = []
+    if s.policy != "fifo":
+        out.append(
+            Problem(
+                at("buffer.storage.policy"),
+                s.policy,
+                "replay needs per-experience use counts, which an append-only JSONL file cannot update",
+                "use backend: sql for replay, or policy: fifo",
+            )
+        )
+    if cfg.mode == "serve":
+        out.append(
+            Problem(
+                at("buffer.storage.backend"),
+                s.backend,
+                "mode serve attaches rewards to stored calls later, which an append-only file cannot do",
+                "use backend: sql",
+            )
+        )
+    if s.url and "://" in s.url:
+        out.append(
+            Problem(
+                at("buffer.storage.url"),
+                s.url,
+                "backend jsonl writes a local file, not a database URL",
+                "give a file path (or leave it empty for buffer.jsonl in the run folder), or use backend: sql",
+            )
+        )
+    return out
 
 
 def _check_engine(cfg: TriviumConfig, at) -> list[Problem]:

@@ -221,11 +221,37 @@ def sample_strategy(cfg: TriviumConfig, tokenizer):
 
 
 def storage(cfg: TriviumConfig, run_dir: Path):
-    """The persistent experience storage of ``buffer.storage`` (SQLite in the run folder by default)."""
+    """The persistent experience storage of ``buffer.storage``: SQL (SQLite in the run folder by default, or
+    a SQLAlchemy URL) or one JSONL file (``backend: jsonl``)."""
+    s = cfg.buffer.storage
+    if s.backend == "jsonl":
+        from trivium.buffer.storage_jsonl import JsonlStorage
+
+        return JsonlStorage(s.url or run_dir / "buffer.jsonl")
     from trivium.buffer.storage_sql import SqlStorage
 
-    s = cfg.buffer.storage
     return SqlStorage(s.url or run_dir / "buffer.sqlite", table=s.table)
+
+
+def read_policy(cfg: TriviumConfig):
+    """How the trainer reads ``buffer.storage``: every experience once (fifo) or by priority (replay)."""
+    from trivium.buffer.replay import FIFO, ReplayPolicy
+
+    s = cfg.buffer.storage
+    return FIFO if s.policy == "fifo" else ReplayPolicy(**s.replay.model_dump())
+
+
+def feed(cfg: TriviumConfig, run_dir: Path, per_step: int):
+    """The explorer-to-trainer channel: ``buffer.storage`` when configured (with its read policy), else a
+    bounded in-process queue (two train batches, plus the steps the explorer may run ahead)."""
+    from trivium.buffer.feed import MemoryFeed, StorageFeed
+    from trivium.buffer.queue import ExperienceQueue
+
+    s = cfg.buffer.storage
+    if s is not None:
+        return StorageFeed(storage(cfg, run_dir), policy=read_policy(cfg), timeout_s=s.read_timeout_s)
+    capacity = cfg.buffer.queue_capacity or (2 + cfg.synchronizer.sync_offset) * per_step
+    return MemoryFeed(ExperienceQueue(capacity))
 
 
 def make_trainer(cfg: TriviumConfig, state, total: int):

@@ -4,7 +4,8 @@ A checkpoint folder ``checkpoints/{stage}/step_N`` is complete once it exists (i
 only after everything is written). It holds the model, the trainer state (optimizer, schedule, RNG,
 critic, KL controller) and under ``resume`` what the loops need: the explorer's task position, group-id
 counter and sampling RNG, the dataset position, and the storage claims trained into it. Metrics records
-written after that checkpoint are dropped from ``metrics.jsonl``: the resumed run writes them again.
+written after that checkpoint are dropped from the process's metrics file (``MetricsWriter.drop_after``,
+the one mechanism of every mode): the resumed run writes them again, so every step has exactly one record.
 
 The resume tests crash real runs at named points with ``trivium.faults`` (``TRIVIUM_KILL_AT``).
 """
@@ -12,14 +13,11 @@ The resume tests crash real runs at named points with ``trivium.faults`` (``TRIV
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-
-from trivium.monitor.metrics import METRICS_FILE
 
 
 @dataclass(frozen=True)
@@ -54,16 +52,3 @@ def find_resume_point(run_dir: Path, stage_names: list[str]) -> ResumePoint | No
         if best is None or (point.global_step, point.stage_index) > (best.global_step, best.stage_index):
             best = point
     return best
-
-
-def truncate_metrics(run_dir: Path, global_step: int) -> int:
-    """Keep the records up to ``global_step``; returns how many were dropped."""
-    path = run_dir / METRICS_FILE
-    if not path.exists():
-        return 0
-    lines = [x for x in path.read_text().splitlines() if x.strip()]
-    kept = [x for x in lines if json.loads(x).get("global_step", 0) <= global_step]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(x + "\n" for x in kept))
-    os.replace(tmp, path)
-    return len(lines) - len(kept)

@@ -1,13 +1,18 @@
-"""Metrics: one JSON line per record in ``{run_dir}/metrics.jsonl`` (always), and a console progress bar.
+"""Metrics: one JSON line per record in the run folder (always), and a console progress bar.
 
 Each record carries ``stage``, ``step`` (within the stage) and ``global_step`` (across stages), so one
-file holds a multi-stage run's whole learning curve.
+file holds a multi-stage run's whole learning curve. A run in one process writes ``metrics.jsonl``; the
+processes of a decoupled run (mode explore, train, serve on one run folder) each write their own file,
+``metrics.{role}.jsonl``, so that a restarted process can drop what it wrote after its checkpoint
+(``launch/resume.py``) without touching the records of a process that is still running. ``read_metrics``
+reads them all.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -23,21 +28,49 @@ _BAR_KEYS = (
 )
 
 
+def metrics_path(run_dir: str | Path, role: str | None = None) -> Path:
+    """The metrics file of the process with ``role`` (None: the run's one process)."""
+    return Path(run_dir) / (METRICS_FILE if role is None else f"metrics.{role}.jsonl")
+
+
 class MetricsWriter:
-    def __init__(self, run_dir: str | Path):
-        self.path = Path(run_dir) / METRICS_FILE
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("a")
+    """Appends records to ``metrics_path(run_dir, role)``; the file is created by the first record."""
+
+    def __init__(self, run_dir: str | Path, role: str | None = None):
+        self.path = metrics_path(run_dir, role)
+        self.role = role
+        self._file = None
         self._t0 = time.time()
 
     def write(self, record: dict[str, Any]) -> None:
         clean = {k: _jsonable(v) for k, v in record.items()}
         clean.setdefault("time", round(time.time() - self._t0, 3))
+        if self.role is not None:
+            clean.setdefault("role", self.role)
+        if self._file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = self.path.open("a")
         self._file.write(json.dumps(clean) + "\n")
         self._file.flush()
 
+    def drop_after(self, global_step: int) -> int:
+        """Drop this file's records after ``global_step`` (a resumed process writes them again); returns
+        how many were dropped. The file is rewritten atomically and reopened at the next record."""
+        self.close()
+        if not self.path.exists():
+            return 0
+        lines = [x for x in self.path.read_text().splitlines() if x.strip()]
+        kept = [x for x in lines if json.loads(x).get("global_step", 0) <= global_step]
+        if len(kept) < len(lines):
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text("".join(x + "\n" for x in kept))
+            os.replace(tmp, self.path)
+        return len(lines) - len(kept)
+
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
 
 def _jsonable(v: Any) -> Any:
@@ -49,13 +82,18 @@ def _jsonable(v: Any) -> Any:
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    path = Path(run_dir) / METRICS_FILE
-    if not path.exists():
+    """Every record of the run folder: ``metrics.jsonl``, then each ``metrics.{role}.jsonl`` by name."""
+    run_dir = Path(run_dir)
+    paths = [p for p in [metrics_path(run_dir), *sorted(run_dir.glob("metrics.*.jsonl"))] if p.exists()]
+    if not paths:
         raise FileNotFoundError(
             f"no {METRICS_FILE} in {run_dir}: is it a run folder (trivium run writes one)?"
         )
-    with path.open() as f:
-        return [json.loads(line) for line in f if line.strip()]
+    records = []
+    for path in paths:
+        with path.open() as f:
+            records += [json.loads(line) for line in f if line.strip()]
+    return records
 
 
 class Progress:

@@ -17,14 +17,6 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     records = read_metrics(run_dir)
     out = Path(out) if out else run_dir / "curves.png"
 
-    def series(key: str, stage: str | None = None):
-        pts = [
-            (r["global_step"], r[key])
-            for r in records
-            if key in r and isinstance(r[key], (int, float)) and (stage is None or r.get("stage") == stage)
-        ]
-        return [p[0] for p in pts], [p[1] for p in pts]
-
     stages = [name for _, name in _stage_starts(records)]
     # Eval "accuracy": the accuracy metric of each eval set, or its success rate (environments report it)
     eval_keys = sorted(
@@ -39,7 +31,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     for ax, (title, lines) in zip(axes, panels):
         xs_all = []
         for label, key, stage in lines:
-            xs, ys = series(key, stage)
+            xs, ys = curve(records, key, stage)
             if xs:
                 ax.plot(xs, ys, marker="o" if title == "eval accuracy" else None, markersize=3, label=label)
                 xs_all += xs
@@ -57,6 +49,18 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def curve(records: list[dict], key: str, stage: str | None = None) -> tuple[list, list]:
+    """``key`` against the global step, in step order. A step recorded twice (a run folder written before
+    resumed processes dropped their records after the checkpoint) keeps its last record: no line goes back."""
+    pts = {
+        r["global_step"]: r[key]
+        for r in records
+        if key in r and isinstance(r[key], (int, float)) and (stage is None or r.get("stage") == stage)
+    }
+    xs = sorted(pts)
+    return xs, [pts[x] for x in xs]
 
 
 def _stage_starts(records: list[dict]) -> list[tuple[int, str]]:

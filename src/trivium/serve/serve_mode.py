@@ -182,12 +182,13 @@ class WeightFollower(threading.Thread):
         version pruned while loading is tried again at the next poll (a repeated error is logged once)."""
         t0 = time.perf_counter()
         try:
-            version = self.sync.load_newer(self.model)
+            version = self.sync.pull(self.model)
         except Exception as error:
             if repr(error) != self._last_error:
                 log.exception(
-                    "loading newer weights from %s failed; still serving version %d, trying again every %.1f s",
-                    self.sync.folder,
+                    "loading newer weights (synchronizer.method %s) failed; still serving version %d, trying "
+                    "again every %.1f s",
+                    type(self.sync).__name__,
                     self.model.version,
                     self.interval_s,
                 )
@@ -211,8 +212,8 @@ def serve(cfg, run_dir: Path, policy=None, tokenizer=None, stop: threading.Event
     """Run mode serve until SIGTERM/SIGINT (or ``stop`` is set); ``policy``/``tokenizer``: the loaded
     starting model (loaded from ``model.path`` when None). A newer published version replaces it at once."""
     from trivium.launch import build
-    from trivium.launch.decoupled import checkpoint_sync
     from trivium.serve.openai_server import OpenAIServer
+    from trivium.sync.protocol import build_weight_sync
 
     if policy is None:
         policy, tokenizer = build.load_policy(build.ensure_model(cfg, run_dir), cfg)
@@ -220,7 +221,9 @@ def serve(cfg, run_dir: Path, policy=None, tokenizer=None, stop: threading.Event
     # explorer.rollout picks the engine (transformers or vllm) and its dtype; nothing trains the policy in
     # this process, so the in-process engine takes it over instead of copying it.
     model = build.build_rollout_model(policy, tokenizer, cfg, version=0, copy_policy=False)
-    follower = WeightFollower(checkpoint_sync(cfg, run_dir), model, s.poll_interval_s)
+    follower = WeightFollower(
+        build_weight_sync(cfg, run_dir, "rollout", engine=model), model, s.poll_interval_s
+    )
     follower.poll()  # start from the newest published version, if any
     storage = build.storage(cfg, run_dir)
     writer = CallWriter(storage, s.keep_calls)

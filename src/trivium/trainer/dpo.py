@@ -15,6 +15,7 @@ import torch
 from trivium.algorithm.aggregation import sequence_sums
 from trivium.algorithm.losses_preference import dpo_loss
 from trivium.config.schema import DpoConfig, TrainerConfig
+from trivium.sync.weights import cast_floating
 from trivium.trainer.logprobs import batched_logprobs, token_logprobs
 from trivium.trainer.optim import Optimization
 from trivium.types import PreferencePair, collate_pairs
@@ -78,6 +79,10 @@ class DpoTrainer:
             "train/pairs": float(n_pairs),
             "train/step_seconds": time.perf_counter() - t0,
         }
+
+    def export_weights(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        """The policy's weights (see ``Trainer.export_weights``)."""
+        return cast_floating(self.model.state_dict(), dtype)
 
     def state_dict(self) -> dict:
         return {"step": self.step, **self.optim.state_dict()}

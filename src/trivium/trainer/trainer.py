@@ -36,6 +36,7 @@ from trivium.algorithm.rewards_shaping import (
     overlong_penalty,
 )
 from trivium.config.schema import AlgorithmConfig, OverlongPenaltyConfig, TrainerConfig
+from trivium.sync.weights import cast_floating
 from trivium.trainer.critic import Critic
 from trivium.trainer.logprobs import batched_logprobs, forward_logprobs
 from trivium.trainer.optim import Optimization
@@ -350,6 +351,12 @@ class Trainer:
             # k3 estimate of KL(rollout || trainer) per token
             "mismatch/kl_k3": float((torch.exp(log_ratio) - log_ratio - 1).mean()),
         }
+
+    def export_weights(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        """The policy's weights as a plain state dict of the model's own names: the one way weights leave
+        the trainer (weight sync, evaluation engines). ``dtype``: cast floating-point tensors to it (the
+        receiving engine's, where a sync sends bytes); None keeps the trainer's."""
+        return cast_floating(self.model.state_dict(), dtype)
 
     # --- state for checkpoints ------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -1,0 +1,170 @@
+"""The one train loop, and what ends every train step (evaluate, log, checkpoint).
+
+Every mode that trains runs ``train_loop``: mode ``both`` (explorer and trainer in one process), mode
+``train`` from a persistent buffer (fed by an explore or a serve process) and mode ``train`` from a
+dataset (SFT, DPO). What differs is where a step's batch comes from (a ``BatchSource``, see
+``sources.py``) and how weights leave the trainer (a ``WeightSync``, see ``trivium.sync``):
+
+    batch = source.next(step)  →  trainer.train_step(batch)  →  every sync_interval steps:
+    sync.publish(trainer.export_weights(), version)  →  evaluate / log / checkpoint (StepEnd)
+
+Versions: after train step ``t`` of a stage that started at version ``v0`` the weights are ``v0 + t``;
+published ones are those of the sync steps (``sync.versions``).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trivium.config.load import Stage
+from trivium.faults import maybe_die
+from trivium.launch import build
+from trivium.launch.resume import ResumePoint
+from trivium.monitor.metrics import MetricsWriter, Progress
+from trivium.sync.versions import is_sync_step
+from trivium.trainer.checkpoint import prune_checkpoints, save_checkpoint
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RunState", "StepEnd", "eval_at_start", "eval_due", "train_loop"]
+
+
+@dataclass
+class RunState:
+    """What carries from one stage to the next."""
+
+    model: torch.nn.Module | None = None
+    tokenizer: object | None = None
+    global_step: int = 0
+    version: int = 0
+    resume: ResumePoint | None = None  # set until the stage it points into has picked it up
+
+    def take_resume(self, cfg, writer: MetricsWriter) -> tuple[int, dict | None]:
+        """The stage's first step to skip to and the saved state, restoring weights, step and version.
+
+        The metrics records written after the checkpoint are dropped (the resumed steps write them again)."""
+        point, self.resume = self.resume, None
+        if point is None:
+            return 0, None
+        self.model, self.tokenizer = build.load_policy(str(point.path / "model"), cfg)
+        self.global_step, self.version = point.global_step, point.version
+        saved = point.trainer_state()
+        rng = saved.get("rng", {})
+        if "python" in rng:
+            random.setstate(rng["python"])
+            torch.set_rng_state(rng["torch"])
+        dropped = writer.drop_after(point.global_step)
+        log.info(
+            "resuming from %s (stage %s, step %d, weights version %d); %d metric record(s) after it dropped "
+            "from %s",
+            point.path,
+            point.stage,
+            point.step,
+            point.version,
+            dropped,
+            writer.path.name,
+        )
+        return point.step, saved
+
+
+def eval_due(cfg, step: int, total: int) -> bool:
+    interval = cfg.explorer.eval_interval
+    return bool(cfg.buffer.eval_tasksets) and (step == total or bool(interval and step % interval == 0))
+
+
+def eval_at_start(cfg, explorer, stage: Stage, writer: MetricsWriter, state: RunState, progress) -> None:
+    """The baseline of the learning curve: evaluate the starting weights as step 0."""
+    if explorer is None or not explorer.eval_tasksets or not cfg.explorer.eval_at_start:
+        return
+    record = {"stage": stage.name, "step": 0, "global_step": state.global_step, **explorer.evaluate()}
+    writer.write(record)
+    progress.note_eval(record)
+
+
+@dataclass
+class StepEnd:
+    """Ends every training step of a stage: evaluate when due, log the step's record, save a checkpoint when
+    due (one object per stage, called once a step).
+
+    The record is written before the checkpoint: a crash between the two leaves a record that the resumed
+    run drops and writes again, never a checkpoint whose step has no record. ``resume`` is what the loop
+    needs to continue exactly from this step; ``on_saved`` runs once the checkpoint is on disk.
+    ``eval_sync``: where the evaluating explorer has an engine of its own that follows the trainer only
+    when it evaluates (mode train), the sync that brings it the newest weights first.
+    """
+
+    stage: Stage
+    run_dir: Path
+    writer: MetricsWriter
+    state: RunState
+    progress: Progress
+    total: int
+    trainer: Any
+    explorer: Any = None  # evaluates the eval task sets when due; None: no evaluation
+    eval_sync: Any = None
+
+    def __call__(self, step: int, record: dict, *, evaluate=True, resume=None, on_saved=None) -> None:
+        cfg, state = self.stage.config, self.state
+        if evaluate and self.explorer is not None and eval_due(cfg, step, self.total):
+            if self.eval_sync is not None and self.explorer.model.version != state.version:
+                weights = self.trainer.export_weights(self.eval_sync.wire_dtype)
+                self.eval_sync.publish(weights, state.version)
+            record.update(self.explorer.evaluate())
+        state.global_step += 1
+        self.writer.write(
+            {"stage": self.stage.name, "step": step, "global_step": state.global_step, **record}
+        )
+        self.progress.update(record)
+        if step == self.total or (cfg.trainer.save_interval and step % cfg.trainer.save_interval == 0):
+            folder = self.run_dir / "checkpoints" / self.stage.name / f"step_{step}"
+            meta = {
+                "stage": self.stage.name,
+                "step": step,
+                "global_step": state.global_step,
+                "version": state.version,
+            }
+            trainer_state = {**self.trainer.state_dict(), "resume": resume or {}}
+            save_checkpoint(folder, self.trainer.model, state.tokenizer, trainer_state, meta)
+            prune_checkpoints(folder.parent, cfg.trainer.keep_checkpoints)
+            if on_saved is not None:
+                on_saved()
+
+
+def train_loop(
+    end_step: StepEnd, source, trainer, sync, *, done: int, start_version: int, sync_interval: int
+) -> None:
+    """Train steps ``done + 1 .. end_step.total``; the one loop of every mode that trains.
+
+    ``source`` gives each step's batch (``sources.py``), ``sync`` (None: nothing to publish to) takes the
+    weights after every ``sync_interval`` steps and after the last."""
+    state, total = end_step.state, end_step.total
+    try:
+        for step in range(done + 1, total + 1):
+            batch, record = source.next(step, trainer_version=start_version + step - 1)
+            record.update(trainer.train_step(batch) if batch else {"train/skipped_steps": 1.0})
+            maybe_die("train", step)
+            if is_sync_step(step, sync_interval, total):
+                state.version = start_version + step
+                if sync is not None:
+                    record.update(sync.publish(trainer.export_weights(sync.wire_dtype), state.version))
+            end_step(
+                step,
+                record,
+                evaluate=source.eval_in_loop(step),
+                resume=source.resume_state(),
+                on_saved=source.checkpointed,
+            )
+            source.after_step(step, step < total and eval_due(end_step.stage.config, step, total))
+    finally:
+        try:
+            source.close()
+        finally:
+            if sync is not None:
+                sync.close()
+    end_step.progress.close()

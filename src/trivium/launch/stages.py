@@ -1,0 +1,159 @@
+"""Build a training stage and run it through the one train loop (``loop.py``): the small per-mode parts.
+
+- ``online_stage``: mode both. The explorer samples into an in-process queue (or ``buffer.storage``), the
+  trainer takes each step's experiences, weights move in memory; with ``sync_offset`` > 0 the explorer
+  runs ahead in a thread (``overlap.py``).
+- ``storage_stage``: mode train with ``buffer.storage``: trains on what an explore process (or a serve
+  process) writes, publishes weights by ``synchronizer.method``, resumes itself from its newest checkpoint.
+- ``dataset_stage``: mode train from a dataset (SFT, DPO); evaluates with an engine that follows the
+  trainer in memory only when it evaluates.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from trivium.config.load import Stage
+from trivium.launch import build
+from trivium.launch.loop import RunState, StepEnd, eval_at_start, train_loop
+from trivium.launch.sources import DatasetSource, ExperienceSource, OnlineSource
+from trivium.monitor.metrics import MetricsWriter, Progress
+from trivium.sync.protocol import build_weight_sync
+from trivium.sync.versions import SyncPlan
+
+log = logging.getLogger(__name__)
+
+__all__ = ["dataset_stage", "online_stage", "storage_stage"]
+
+
+def online_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunState) -> None:
+    cfg = stage.config
+    s = cfg.synchronizer
+    taskset = build.task_reader(cfg.buffer.taskset, cfg.seed, is_eval=False)
+    total = build.total_steps(cfg, len(taskset))
+    per_step = cfg.buffer.batch_size * cfg.buffer.taskset.repeat_times
+    done, saved = state.take_resume(cfg, writer)
+    if done >= total:
+        return
+    experiences = _experience_source(cfg, run_dir, state, per_step)
+    explorer = build.make_explorer(cfg, state, taskset, experiences.feed, run_dir / "failures.jsonl")
+    trainer = build.make_trainer(cfg, state, total)
+    sync = build_weight_sync(cfg, run_dir, "trainer", engine=explorer.model)
+    start_version = state.version - done
+    ahead = None
+    if s.sync_offset > 0:  # the explorer runs ahead in its own thread
+        from trivium.launch.overlap import ExplorerThread
+
+        def on_eval(record: dict) -> None:
+            writer.write({"stage": stage.name, "global_step": state.global_step, **record})
+
+        ahead = ExplorerThread(
+            explorer, sync, (done, total), s.sync_interval, s.sync_offset, start_version, on_eval
+        )
+    source = OnlineSource(explorer, experiences, ahead)
+    if saved is not None:
+        trainer.load_state_dict(saved)
+        source.load(saved["resume"])
+    log.info(
+        "stage %s: online RL (%s), %d steps of %d tasks x %d samples, sync every %d step(s), offset %d",
+        stage.name,
+        trainer.algorithm.name,
+        total,
+        cfg.buffer.batch_size,
+        cfg.buffer.taskset.repeat_times,
+        s.sync_interval,
+        s.sync_offset,
+    )
+    progress = Progress(stage.name, total, initial=done, enabled=cfg.monitor.progress_bar)
+    end_step = StepEnd(stage, run_dir, writer, state, progress, total, trainer, explorer)
+    if saved is None:
+        eval_at_start(cfg, explorer, stage, writer, state, progress)
+    if ahead is not None:
+        ahead.start()
+    train_loop(
+        end_step, source, trainer, sync, done=done, start_version=start_version, sync_interval=s.sync_interval
+    )
+
+
+def storage_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunState) -> None:
+    """Mode train reading ``buffer.storage``. With a task set (fed by an explore process) a step is its
+    batch of task groups; without one (fed by a serve process) ``batch_size`` experiences a step."""
+    from trivium.launch.resume import find_resume_point
+
+    cfg = stage.config
+    s = cfg.synchronizer
+    if cfg.buffer.taskset is not None:
+        per_step = cfg.buffer.batch_size * cfg.buffer.taskset.repeat_times
+        total = build.total_steps(cfg, len(build.task_reader(cfg.buffer.taskset, cfg.seed, is_eval=False)))
+    else:
+        per_step, total = cfg.buffer.batch_size, cfg.buffer.total_steps
+    state.resume = find_resume_point(run_dir, [stage.name])  # the process resumes from its own checkpoint
+    done, saved = state.take_resume(cfg, writer)
+    source = _experience_source(cfg, run_dir, state, per_step)
+    trainer = build.make_trainer(cfg, state, total)
+    if saved is not None:
+        trainer.load_state_dict(saved)
+    source.load(saved["resume"] if saved is not None else {})  # hands back a killed process's claims
+    start_version = state.version - done
+    # method memory: no rollout process follows the weights (an explore process generating data only)
+    sync = None
+    if s.method != "memory":
+        sync = build_weight_sync(cfg, run_dir, "trainer", plan=SyncPlan(total, start_version))
+        sync.publish_start(lambda: trainer.export_weights(sync.wire_dtype), state.version)
+    progress = Progress(f"{stage.name} (train)", total, initial=done, enabled=cfg.monitor.progress_bar)
+    end_step = StepEnd(stage, run_dir, writer, state, progress, total, trainer)
+    train_loop(
+        end_step, source, trainer, sync, done=done, start_version=start_version, sync_interval=s.sync_interval
+    )
+
+
+def dataset_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunState) -> None:
+    from trivium.buffer.offline import PreferenceReader, SftReader
+    from trivium.sync.memory import MemorySync
+
+    cfg = stage.config
+    if cfg.buffer.preference_dataset is not None:
+        data = PreferenceReader(cfg.buffer.preference_dataset, state.tokenizer, seed=cfg.seed)
+    else:
+        data = SftReader(cfg.buffer.sft_dataset, state.tokenizer, seed=cfg.seed)
+    total = build.total_steps(cfg, len(data))
+    done, saved = state.take_resume(cfg, writer)
+    if done >= total:
+        return
+    data.tokenizer = state.tokenizer
+    trainer = build.make_trainer(cfg, state, total)
+    explorer = build.make_explorer(cfg, state) if cfg.buffer.eval_tasksets else None
+    eval_sync = None if explorer is None else MemorySync(explorer.model, cfg.synchronizer.verify_checksum)
+    source = DatasetSource(data, cfg.buffer.batch_size)
+    if saved is not None:
+        trainer.load_state_dict(saved)
+        source.load(saved["resume"])
+    log.info(
+        "stage %s: %s from %s, %d steps of %d examples",
+        stage.name,
+        cfg.algorithm.algorithm_type,
+        data.cfg.path,
+        total,
+        cfg.buffer.batch_size,
+    )
+    progress = Progress(stage.name, total, initial=done, enabled=cfg.monitor.progress_bar)
+    end_step = StepEnd(stage, run_dir, writer, state, progress, total, trainer, explorer, eval_sync)
+    if saved is None:
+        eval_at_start(cfg, explorer, stage, writer, state, progress)
+    # every optimizer step is a weights version (the evaluation engine catches up when it evaluates)
+    train_loop(
+        end_step, source, trainer, None, done=done, start_version=state.version - done, sync_interval=1
+    )
+
+
+def _experience_source(cfg, run_dir: Path, state: RunState, per_step: int) -> ExperienceSource:
+    """The stage's feed (queue or storage, with its read policy), sample strategy and staleness bound."""
+    s = cfg.synchronizer
+    return ExperienceSource(
+        build.feed(cfg, run_dir, per_step),
+        build.sample_strategy(cfg, state.tokenizer),
+        per_step=per_step,
+        max_staleness=s.max_staleness,
+        staleness_policy=s.staleness_policy,
+    )

@@ -1,0 +1,80 @@
+"""What a weights version is made of, and the one check that a rollout model loaded it right.
+
+A state dict travels from the trainer (``Trainer.export_weights``) to rollout models through one of the
+methods of this package. Whatever the method, the receiving side ends with ``check_loaded``: it hashes
+what the engine now holds and compares it with the checksum of what was sent, cast to the engine's dtype
+(an engine may run in another precision, ``explorer.rollout.dtype``). A silently different policy would
+poison every experience it samples, so a mismatch is an error, never a warning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+
+import torch
+
+__all__ = [
+    "WeightSyncError",
+    "cast_floating",
+    "check_loaded",
+    "floating_dtype",
+    "untie",
+    "weights_checksum",
+]
+
+
+class WeightSyncError(RuntimeError):
+    """Weights did not arrive as sent: a checksum mismatch, a damaged file, or a wait that timed out."""
+
+
+def floating_dtype(state: Mapping[str, torch.Tensor]) -> torch.dtype | None:
+    """The dtype of the first floating-point tensor of ``state`` (a model's weights dtype), or None."""
+    return next((t.dtype for t in state.values() if t.is_floating_point()), None)
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    return t.to(dtype) if dtype is not None and t.is_floating_point() else t
+
+
+def cast_floating(state: Mapping[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """``state`` with its floating-point tensors in ``dtype`` (None, or already that dtype: unchanged)."""
+    return {k: _cast(t, dtype) for k, t in state.items()}
+
+
+def weights_checksum(state: Mapping[str, torch.Tensor], dtype: torch.dtype | None = None) -> str:
+    """sha256 over names, dtypes, shapes and bytes of every tensor, in name order (device independent).
+
+    ``dtype``: hash the floating-point tensors as cast to it, which is what a rollout engine in another
+    precision holds after loading them. One tensor at a time: no second copy of the weights."""
+    h = hashlib.sha256()
+    for name in sorted(state):
+        t = _cast(state[name].detach(), dtype).to("cpu").contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def check_loaded(engine, expected: str, version: int, source: str) -> None:
+    """Raise ``WeightSyncError`` unless ``engine`` holds the weights whose checksum is ``expected``.
+
+    ``expected`` must already be the checksum in the engine's dtype (see ``weights_checksum(state, dtype)``);
+    ``source`` says where the weights came from, for the message."""
+    got = weights_checksum(engine.state_dict())
+    if got != expected:
+        raise WeightSyncError(
+            f"weights version {version} from {source}: the rollout model's checksum {got[:12]} differs from "
+            f"the sent weights' {expected[:12]} after loading. The two models differ in structure or dtype "
+            "(a different model.path on the two sides?), or the weights were damaged on the way"
+        )
+
+
+def untie(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """safetensors refuses tensors that share storage (tied embeddings): give each its own copy."""
+    seen: set[int] = set()
+    out = {}
+    for k, v in tensors.items():
+        ptr = v.untyped_storage().data_ptr()
+        out[k] = v.clone() if ptr in seen else v
+        seen.add(ptr)
+    return out
