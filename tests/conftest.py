@@ -41,3 +41,36 @@ def tiny_model_dir(tmp_path_factory, word_problem_dir):
         intermediate_size=128,
         seed=0,
     )
+
+
+@pytest.fixture
+def plugin_registries():
+    """Restore every seam's registry (and forget the user modules imported meanwhile) after a test that
+    imports plugins: registries are import-time constants that must not leak from one test to the next."""
+    import contextlib
+    import sys
+
+    from trivium.algorithm import ADVANTAGE_FNS, AGGREGATIONS, KL_FNS, POLICY_LOSS_FNS
+    from trivium.algorithm.presets import PRESETS
+    from trivium.buffer.sampling import SAMPLE_STRATEGIES
+    from trivium.envs.base import ENVIRONMENTS, _load_builtins
+    from trivium.rewards import REWARD_FNS
+    from trivium.sync import builtin  # noqa: F401
+    from trivium.sync.protocol import SYNC_METHODS
+    from trivium.tools import TOOLS
+    from trivium.workflows.agent import AGENTS
+    from trivium.workflows.registry import WORKFLOWS
+
+    _load_builtins()
+    registries = [ADVANTAGE_FNS, AGGREGATIONS, KL_FNS, POLICY_LOSS_FNS, PRESETS, SAMPLE_STRATEGIES]
+    registries += [ENVIRONMENTS, REWARD_FNS, TOOLS, AGENTS, WORKFLOWS, SYNC_METHODS]
+    modules = set(sys.modules)
+    with contextlib.ExitStack() as stack:
+        for registry in registries:
+            stack.enter_context(registry.snapshot())
+        yield
+        for name in set(sys.modules) - modules:  # the user's modules, not libraries imported meanwhile
+            file = getattr(sys.modules[name], "__file__", None) or ""
+            library = "site-packages" in file or file.startswith(sys.base_prefix) or "/src/trivium/" in file
+            if file and not library:
+                sys.modules.pop(name, None)

@@ -31,11 +31,20 @@ import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Registry", "UnknownPartError", "import_object", "is_import_path"]
+__all__ = [
+    "Registry",
+    "UnknownPartError",
+    "add_import_paths",
+    "import_object",
+    "import_plugin",
+    "is_import_path",
+]
 
 T = TypeVar("T")
+_MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _DENIED = frozenset(sys.stdlib_module_names) | {"builtins", "__main__"}
 
@@ -59,7 +68,7 @@ def is_import_path(name: str) -> bool:
 
 def import_object(path: str, what: str = "part") -> Any:
     """The object at ``"package.module:attr"``; ``UnknownPartError`` saying what is wrong otherwise."""
-    if not _PATH.match(path):
+    if not _PATH.fullmatch(path):
         raise UnknownPartError(
             f"{what} {path!r} is not a valid import path",
             "write 'package.module:name' (an absolute module, no leading dot, one ':' before the attribute)",
@@ -85,6 +94,37 @@ def import_object(path: str, what: str = "part") -> Any:
             f"{what} {path!r}: module {module_name!r} has no attribute {attr!r}", "check the name after ':'"
         ) from err
     return obj
+
+
+def add_import_paths(*folders: str | Path) -> None:
+    """Put ``folders`` (the config file's folder, the working directory) on the import path, so that a
+    config's plugins and ``module:attr`` names find the user's modules next to it. ``trivium`` is a console
+    script: Python does not put the working directory there by itself."""
+    for folder in folders:
+        path = str(Path(folder).resolve())
+        if path not in sys.path:
+            sys.path.append(path)
+
+
+def import_plugin(module_name: str) -> None:
+    """Import a module listed under ``plugins:`` (it registers its parts); ``UnknownPartError`` otherwise."""
+    if not isinstance(module_name, str) or not _MODULE.fullmatch(module_name):
+        raise UnknownPartError(
+            f"plugin {module_name!r} is not a module name",
+            "write an absolute module path, e.g. my_pkg.my_parts",
+        )
+    if module_name.split(".")[0] in _DENIED:
+        raise UnknownPartError(
+            f"plugin {module_name!r} is a module of Python's standard library", "list your own modules"
+        )
+    try:
+        importlib.import_module(module_name)
+    except Exception as err:  # a user's module may fail in any way: report it with its reason
+        raise UnknownPartError(
+            f"plugin {module_name!r} cannot be imported ({type(err).__name__}: {err})",
+            "put the module in the config file's folder or the working directory, or on PYTHONPATH, and fix "
+            "the error it raises on import",
+        ) from err
 
 
 def callable_part(obj: Any) -> str | None:

@@ -1,6 +1,7 @@
 """Load a YAML config, apply ``--set`` overrides, expand stages, and validate everything at once.
 
-Pure: reading the YAML file is the only I/O; nothing is created, downloaded or started here.
+Pure but for one thing: reading the YAML file is the only I/O, and the modules listed under `plugins`
+are imported (they register the parts the config names); nothing is created, downloaded or started here.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from trivium.config.errors import ConfigError, Problem, did_you_mean, join_path
 from trivium.config.schema import TriviumConfig
 
 # Top-level keys that a stage may not change: they name the run folder shared by all stages.
-RUN_LEVEL_KEYS = ("project", "name", "checkpoint_root", "stages")
+RUN_LEVEL_KEYS = ("project", "name", "checkpoint_root", "stages", "plugins")
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,7 @@ def validate_raw(
     top = _validate_model(raw, (), problems)
     if top is None:
         raise ConfigError(problems, source)
+    problems += load_plugins(top.plugins, base_dir)
     stage_raws: list[tuple[str, str | int, dict[str, Any]]] = []
     if not top.stages:
         stage_raws.append(("main", "", raw))
@@ -169,6 +171,21 @@ def validate_raw(
     if problems:
         raise ConfigError(_dedupe(problems), source)
     return RunConfig(config=top, stages=tuple(stages), source=source)
+
+
+def load_plugins(modules: list[str], base_dir: Path) -> list[Problem]:
+    """Import the config's ``plugins`` (with the config's folder and the working directory on the import
+    path, which ``module:attr`` names need too); one problem per module that fails to import."""
+    from trivium.registry import UnknownPartError, add_import_paths, import_plugin
+
+    add_import_paths(base_dir, Path.cwd())
+    problems = []
+    for i, module in enumerate(modules):
+        try:
+            import_plugin(module)
+        except UnknownPartError as err:
+            problems.append(Problem(join_path("plugins", i), module, err.rule, err.fix))
+    return problems
 
 
 def _validate_model(raw: dict[str, Any], prefix: tuple, problems: list[Problem]) -> TriviumConfig | None:

@@ -345,10 +345,11 @@ class TrainerConfig(StrictModel):
 
 
 class SynchronizerConfig(StrictModel):
-    method: Literal["memory", "checkpoint", "collective"] = "memory"
-    """How new weights reach the rollout model. memory: in-process copy with a version number;
-    checkpoint: versioned safetensors in checkpoint_dir; collective: torch.distributed broadcast from the
-    train process to the explore process (both started with the same config)."""
+    method: str = "memory"
+    """How new weights reach the rollout model (docs/sync.md). memory: in-process copy with a version
+    number; checkpoint: versioned safetensors in checkpoint_dir; collective: torch.distributed broadcast
+    from the train process to the explore process (both started with the same config); or a method of
+    your own ('module:Class' or a name registered in SYNC_METHODS by a plugin)."""
     verify_checksum: bool = True
     """After every in-memory sync, compare a checksum of the trainer's and the rollout model's weights (a
     mismatch is an error). Costs a hash of the weights on each side per sync."""
@@ -427,6 +428,12 @@ class TriviumConfig(StrictModel):
     and reward it later by POST /feedback, following the weights a train process publishes."""
     seed: int = 0
     """Seed for Python, torch and data order."""
+    plugins: list[str] = Field(default_factory=list)
+    """Your Python modules, imported before the config is checked, e.g. [my_parts, my_pkg.rewards]: the
+    workflows, rewards, environments, tools, agents and algorithm parts they register can then be named
+    here like built-in ones (any part can also be named 'module:attr' without registering it). Found in
+    the config file's folder, the working directory, or PYTHONPATH. Importing runs their code: only list
+    modules you trust (docs/plugins.md)."""
     model: ModelConfig = Field(default_factory=ModelConfig)
     """The policy model."""
     auxiliary_models: list[AuxiliaryModelConfig] = Field(default_factory=list)

@@ -72,7 +72,18 @@ def check_semantics(cfg: TriviumConfig, prefix: str = "", check_files: bool = Tr
     problems += _check_serve(cfg, at)
     problems += _check_engine(cfg, at)
     problems += _check_storage(cfg, at)
+    problems += _check_sync_method(cfg, at)
     return problems
+
+
+def _check_sync_method(cfg: TriviumConfig, at) -> list[Problem]:
+    from trivium.sync import builtin  # noqa: F401  (registers memory, checkpoint, collective)
+    from trivium.sync.protocol import SYNC_METHODS
+
+    problem = SYNC_METHODS.problem(cfg.synchronizer.method)
+    if problem is None:
+        return []
+    return [Problem(at("synchronizer.method"), cfg.synchronizer.method, problem.rule, problem.fix)]
 
 
 def _check_storage(cfg: TriviumConfig, at) -> list[Problem]:
