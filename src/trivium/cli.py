@@ -89,6 +89,7 @@ def _cmd_run(args) -> int:
         print(exc, file=sys.stderr)
         return 2
     from trivium.buffer.task_reader import TaskDataError
+    from trivium.launch.ranks import RankFailed
     from trivium.launch.run import RunFolderExists, run
 
     try:
@@ -96,6 +97,9 @@ def _cmd_run(args) -> int:
     except (RunFolderExists, TaskDataError) as exc:  # user errors: the message says what to do
         print(exc, file=sys.stderr)
         return 2
+    except RankFailed as exc:  # a trainer rank died: the message says what happened and how to resume
+        logging.getLogger("trivium").error("%s", exc)
+        return 1
     print(f"run folder: {run_dir}  (plot it: trivium plot {run_dir})")
     return 0
 

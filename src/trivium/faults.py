@@ -1,7 +1,8 @@
 """Crash injection for the resume tests: ``TRIVIUM_KILL_AT=point:step`` SIGKILLs the process there.
 
 Points: ``explore`` (a step's experiences sampled, not yet trained), ``train`` (trained, not yet
-checkpointed), ``checkpoint`` (inside the checkpoint write, before it is renamed into place). Unset, a
+checkpointed), ``checkpoint`` (inside the checkpoint write, before it is renamed into place), and
+``rank{r}:train`` (trainer rank r > 0 of a multi-rank stage, before it joins step ``step``). Unset, a
 check costs one dictionary lookup.
 """
 

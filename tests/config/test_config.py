@@ -185,3 +185,39 @@ def test_jsonl_storage_refuses_what_an_append_only_file_cannot_do(data_dir):
     raw["buffer"]["storage"] = {"backend": "jsonl", "policy": "replay", "url": "postgresql://h/db"}
     err = problems_of(raw, data_dir)
     assert {p.path for p in err.problems} == {"buffer.storage.policy", "buffer.storage.url"}
+
+
+@pytest.mark.parametrize(
+    ("trainer", "extra", "path", "says"),
+    [
+        ({"world_size": 2}, {}, "trainer.world_size", "strategy single trains in one process"),
+        ({"strategy": "ddp", "world_size": 1000}, {}, "trainer.world_size", "one rank each at most"),
+        (
+            {"strategy": "fsdp2", "world_size": 2},
+            {"mode": "explore", "buffer_storage": True},
+            "trainer.strategy",
+            "does not train",
+        ),
+        (
+            {"strategy": "ddp", "world_size": 2},
+            {"algorithm": {"algorithm_type": "ppo"}},
+            "trainer.strategy",
+            "PPO's critic",
+        ),
+    ],
+)
+def test_strategy_problems_name_the_field(data_dir, trainer, extra, path, says):
+    raw = base(trainer=trainer, **{k: v for k, v in extra.items() if k != "buffer_storage"})
+    if extra.get("buffer_storage"):
+        raw["buffer"]["storage"] = {}
+    err = problems_of(raw, data_dir)
+    by_path = {p.path: p for p in err.problems}
+    assert says in by_path[path].rule
+
+
+def test_lora_with_a_critic_is_refused(data_dir):
+    err = problems_of(
+        base(model={"path": "Qwen/Qwen2.5-0.5B", "lora": {"rank": 8}}, algorithm={"algorithm_type": "ppo"}),
+        data_dir,
+    )
+    assert [p.path for p in err.problems] == ["model.lora"]

@@ -2,12 +2,12 @@
 uninterrupted one, every experience in its persistent buffer trained exactly once."""
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 import yaml
+from tests.launch.helpers import comparable, trivium_run
 
 from trivium.buffer.storage_sql import SqlStorage
 from trivium.monitor.metrics import read_metrics
@@ -25,22 +25,6 @@ def make_config(e2e, folder, name):
     grpo["trainer"]["save_interval"] = 1
     grpo["explorer"]["eval_interval"] = 3
     return cfg
-
-
-def trivium_run(cfg_path, kill_at=None):
-    env = {**os.environ, "TRIVIUM_KILL_AT": kill_at or ""}
-    return subprocess.run(
-        [sys.executable, "-m", "trivium.cli", "run", "-c", str(cfg_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
-def comparable(records):
-    drop = ("time", "seconds", "per_s")
-    return [{k: v for k, v in r.items() if not any(d in k for d in drop)} for r in records]
 
 
 @pytest.mark.integration

@@ -111,7 +111,7 @@ def test_checkpoint_roundtrip_and_pruning(policy, tokenizer, tmp_path):
     trainer.train_step(sampled_experiences(policy, tokenizer))
     root = tmp_path / "checkpoints"
     for step in (1, 2, 3):
-        save_checkpoint(root / f"step_{step}", policy, tokenizer, trainer.state_dict(), {"step": step})
+        save_checkpoint(root / f"step_{step}", trainer, tokenizer, trainer.state_dict(), {"step": step})
     prune_checkpoints(root, keep=2)
     assert sorted(p.name for p in root.iterdir()) == ["step_2", "step_3"]
     loaded = AutoModelForCausalLM.from_pretrained(root / "step_3" / "model")

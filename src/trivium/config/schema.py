@@ -39,6 +39,20 @@ class TinyModelConfig(StrictModel):
     """Seed for the weights; the same seed and corpus give byte-identical files."""
 
 
+class LoraConfig(StrictModel):
+    """LoRA adapters (through peft): only they train; see docs/scale.md."""
+
+    rank: int = Field(16, ge=1, le=4096)
+    """r: the adapters' inner dimension. 8-64 is common; more adapts more, costs more."""
+    alpha: float = Field(32.0, gt=0)
+    """Scaling numerator: an adapter adds (alpha / rank) * B @ A to its weight."""
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapters' input while training (SFT); RL stages train in eval mode, without it."""
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+    """Names of the layers that get adapters (e.g. [q_proj, v_proj]), or all-linear (every linear layer
+    but the output head). A name that matches no layer is an error when the model loads."""
+
+
 class ModelConfig(StrictModel):
     path: str = ""
     """Local folder with a Hugging Face causal LM and tokenizer (or a hub id when online)."""
@@ -47,7 +61,10 @@ class ModelConfig(StrictModel):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Dtype of the trained weights. float32 is exact on CPU; bfloat16 halves memory on GPUs."""
     device: str = "auto"
-    """'auto' (cuda when available, else cpu), 'cpu', 'cuda' or 'cuda:N'."""
+    """'auto' (cuda when available, else cpu), 'cpu', 'cuda' or 'cuda:N'. With several trainer ranks on
+    CUDA, rank r uses cuda:r."""
+    lora: LoraConfig | None = None
+    """Train LoRA adapters instead of every weight (None: full fine-tuning)."""
 
 
 class RolloutConfig(StrictModel):
@@ -316,6 +333,12 @@ class AlgorithmConfig(StrictModel):
 
 
 class TrainerConfig(StrictModel):
+    strategy: Literal["single", "ddp", "fsdp2"] = "single"
+    """single: one process; ddp: a full replica per rank, gradients summed; fsdp2: parameters, gradients
+    and optimizer state sharded over ranks (fully_shard per decoder layer). See docs/scale.md."""
+    world_size: int = Field(1, ge=1, le=1024)
+    """Trainer ranks (processes) that `trivium run` starts on this machine for ddp or fsdp2: one per GPU on
+    CUDA, one per group of cores on CPU. The explorer stays one process (rank 0's)."""
     lr: float = Field(1e-4, gt=0.0)
     """Peak AdamW learning rate."""
     weight_decay: float = Field(0.0, ge=0.0)

@@ -73,7 +73,75 @@ def check_semantics(cfg: TriviumConfig, prefix: str = "", check_files: bool = Tr
     problems += _check_engine(cfg, at)
     problems += _check_storage(cfg, at)
     problems += _check_sync_method(cfg, at)
+    problems += _check_strategy(cfg, at)
     return problems
+
+
+def _check_strategy(cfg: TriviumConfig, at) -> list[Problem]:
+    """trainer.strategy / world_size / model.lora: what the multi-rank trainer and LoRA can take."""
+    import os
+
+    t, out = cfg.trainer, []
+    preset = _preset_or_none(cfg)
+    if cfg.model.lora is not None and preset is not None and preset.needs_critic:
+        out.append(
+            Problem(
+                at("model.lora"),
+                "set",
+                f"algorithm '{preset.name}' trains a critic built from the policy, which LoRA does not cover yet",
+                "train every weight (model.lora: null), or use a critic-free algorithm such as grpo",
+            )
+        )
+    if t.strategy == "single":
+        if t.world_size > 1:
+            out.append(
+                Problem(
+                    at("trainer.world_size"),
+                    t.world_size,
+                    "strategy single trains in one process",
+                    "set trainer.strategy: ddp or fsdp2 to train on several ranks, or world_size: 1",
+                )
+            )
+        return out
+    if cfg.mode not in ("both", "train"):
+        out.append(
+            Problem(
+                at("trainer.strategy"),
+                t.strategy,
+                f"mode '{cfg.mode}' does not train",
+                "use strategy single here (set it per stage)",
+            )
+        )
+    if preset is not None and (preset.offline_data == "preference" or preset.needs_critic):
+        what = "DPO's pair trainer" if preset.offline_data == "preference" else "PPO's critic"
+        out.append(
+            Problem(
+                at("trainer.strategy"),
+                t.strategy,
+                f"{what} trains on one rank only (not built for several ranks yet)",
+                "use strategy single for this stage",
+            )
+        )
+    if cfg.model.device.startswith("cuda") or (cfg.model.device == "auto" and _cuda_count() > 0):
+        have, what = _cuda_count(), "CUDA devices"
+    else:
+        have, what = os.cpu_count() or 1, "CPU cores"
+    if t.world_size > have:
+        out.append(
+            Problem(
+                at("trainer.world_size"),
+                t.world_size,
+                f"this machine has {have} {what}: one rank each at most",
+                f"set world_size to {have} or fewer",
+            )
+        )
+    return out
+
+
+def _cuda_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def _check_sync_method(cfg: TriviumConfig, at) -> list[Problem]:

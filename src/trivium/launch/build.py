@@ -58,11 +58,19 @@ def corpus_lines(t: TinyModelConfig):
 
 
 def load_policy(path: str, cfg: TriviumConfig):
+    """The policy and its tokenizer from a model folder, or from a LoRA adapter folder (a checkpoint of a
+    LoRA stage: its base model, with the adapter, trainable)."""
+    from trivium.models import lora
     from trivium.models.loading import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
 
     device = resolve_device(cfg.model.device)
-    model = load_causal_lm(path, dtype=resolve_dtype(cfg.model.dtype), device=device)
-    return model, load_tokenizer(path)
+
+    def load(source: str):
+        return load_causal_lm(source, dtype=resolve_dtype(cfg.model.dtype), device=device)
+
+    if lora.is_adapter_folder(path):
+        return lora.load_adapter(path, cfg.model.path, load), load_tokenizer(path)
+    return load(path), load_tokenizer(path)
 
 
 def build_rollout_model(
@@ -77,8 +85,11 @@ def build_rollout_model(
     as long as the engine, since vLLM loads from a folder) or, in a later stage of the same process, reuses
     the engine already running and loads the policy's weights into it in place (see models/vllm_engine.py).
     """
+    from trivium.models import lora
     from trivium.models.batching import BatchingRolloutModel
 
+    if lora.is_peft(policy):  # engines run the merged weights (docs/scale.md), on a copy of their own
+        policy, copy_policy = lora.merged_copy(policy), False
     r = cfg.explorer.rollout
     param = next(policy.parameters())
     if r.engine_type == "vllm":
@@ -254,45 +265,46 @@ def feed(cfg: TriviumConfig, run_dir: Path, per_step: int):
     return MemoryFeed(ExperienceQueue(capacity))
 
 
-def make_trainer(cfg: TriviumConfig, state, total: int):
-    """The trainer for ``cfg``'s algorithm, with the frozen models and the critic it needs."""
+def make_trainer(cfg: TriviumConfig, model: torch.nn.Module, pad_token_id: int, total: int, parallel=None):
+    """The trainer for ``cfg``'s algorithm over ``model`` (LoRA adapters already attached, see
+    ``lora.prepare``), with the frozen models and the critic it needs; ``parallel``: the rank's
+    ``trainer.strategy`` (default: single)."""
     from trivium.algorithm.presets import get_preset
+    from trivium.models import lora
     from trivium.trainer.trainer import AlgorithmSpec, Trainer
 
     preset = get_preset(cfg.algorithm.algorithm_type)
 
     def frozen_copy():
-        return copy.deepcopy(state.model).eval().requires_grad_(False)
+        return copy.deepcopy(model).eval().requires_grad_(False)
 
     if preset.offline_data == "preference":
         from trivium.trainer.dpo import DpoTrainer
 
         return DpoTrainer(
-            state.model,
-            frozen_copy(),
-            cfg.trainer,
-            cfg.algorithm.dpo,
-            pad_token_id=state.tokenizer.pad_token_id,
-            total_steps=total,
+            model, frozen_copy(), cfg.trainer, cfg.algorithm.dpo, pad_token_id=pad_token_id, total_steps=total
         )
     algorithm = AlgorithmSpec.from_config(cfg.algorithm)
     a = cfg.algorithm
     needs_ref = algorithm.kl_coef > 0 or a.kl_penalty.coef > 0 or preset.needs_reference
+    base_is_reference = needs_ref and lora.is_peft(model)  # the base, adapters disabled: no copy
     return Trainer(
-        state.model,
+        model,
         cfg.trainer,
         algorithm,
-        pad_token_id=state.tokenizer.pad_token_id,
+        pad_token_id=pad_token_id,
         total_steps=total,
         temperature=cfg.explorer.rollout.temperature,
         max_response_length=cfg.explorer.rollout.max_tokens,
-        ref_model=frozen_copy() if needs_ref else None,
+        ref_model=frozen_copy() if needs_ref and not base_is_reference else None,
+        reference_is_base=base_is_reference,
         teacher_model=load_auxiliary(cfg, a.teacher) if preset.needs_teacher else None,
-        critic=make_critic(cfg, state.model, total) if preset.needs_critic else None,
+        critic=make_critic(cfg, model, total) if preset.needs_critic else None,
         kl_penalty=kl_controller(a.kl_penalty),
         kl_penalty_estimator=a.kl_penalty.estimator,
         overlong=a.overlong_penalty if a.overlong_penalty.enabled else None,
         seed=cfg.seed,
+        parallel=parallel,
     )
 
 

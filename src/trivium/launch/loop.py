@@ -44,14 +44,16 @@ class RunState:
     global_step: int = 0
     version: int = 0
     resume: ResumePoint | None = None  # set until the stage it points into has picked it up
+    config_dir: Path = Path()  # the config file's folder: where rank processes find plugins
 
-    def take_resume(self, cfg, writer: MetricsWriter) -> tuple[int, dict | None]:
-        """The stage's first step to skip to and the saved state, restoring weights, step and version.
+    def take_resume(self, cfg, writer: MetricsWriter) -> tuple[int, dict | None, Path | None]:
+        """The stage's last finished step, the saved trainer state and the checkpoint folder (0, None,
+        None when not resuming), restoring weights, step and version.
 
         The metrics records written after the checkpoint are dropped (the resumed steps write them again)."""
         point, self.resume = self.resume, None
         if point is None:
-            return 0, None
+            return 0, None, None
         self.model, self.tokenizer = build.load_policy(str(point.path / "model"), cfg)
         self.global_step, self.version = point.global_step, point.version
         saved = point.trainer_state()
@@ -59,6 +61,17 @@ class RunState:
         if "python" in rng:
             random.setstate(rng["python"])
             torch.set_rng_state(rng["torch"])
+        t = cfg.trainer
+        if (point.strategy, point.world_size) != (t.strategy, t.world_size):
+            log.warning(
+                "the checkpoint was written by trainer.strategy %s on %d rank(s); this run trains with %s on %d: "
+                "the optimizer state is resharded on load (torch.distributed.checkpoint), the weights come "
+                "from its model/ folder",
+                point.strategy,
+                point.world_size,
+                t.strategy,
+                t.world_size,
+            )
         dropped = writer.drop_after(point.global_step)
         log.info(
             "resuming from %s (stage %s, step %d, weights version %d); %d metric record(s) after it dropped "
@@ -70,7 +83,7 @@ class RunState:
             dropped,
             writer.path.name,
         )
-        return point.step, saved
+        return point.step, saved, point.path
 
 
 def eval_due(cfg, step: int, total: int) -> bool:
@@ -128,9 +141,11 @@ class StepEnd:
                 "step": step,
                 "global_step": state.global_step,
                 "version": state.version,
+                "strategy": cfg.trainer.strategy,
+                "world_size": cfg.trainer.world_size,
             }
             trainer_state = {**self.trainer.state_dict(), "resume": resume or {}}
-            save_checkpoint(folder, self.trainer.model, state.tokenizer, trainer_state, meta)
+            save_checkpoint(folder, self.trainer, state.tokenizer, trainer_state, meta)
             prune_checkpoints(folder.parent, cfg.trainer.keep_checkpoints)
             if on_saved is not None:
                 on_saved()

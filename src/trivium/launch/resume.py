@@ -28,6 +28,8 @@ class ResumePoint:
     global_step: int
     version: int
     path: Path  # the checkpoint folder
+    strategy: str = "single"  # trainer.strategy and world_size that wrote it
+    world_size: int = 1
 
     def trainer_state(self) -> dict[str, Any]:
         return torch.load(self.path / "trainer_state.pt", weights_only=False)
@@ -48,6 +50,8 @@ def find_resume_point(run_dir: Path, stage_names: list[str]) -> ResumePoint | No
             global_step=meta["global_step"],
             version=meta["version"],
             path=meta_file.parent,
+            strategy=meta.get("strategy", "single"),
+            world_size=meta.get("world_size", 1),
         )
         if best is None or (point.global_step, point.stage_index) > (best.global_step, best.stage_index):
             best = point

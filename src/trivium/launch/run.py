@@ -70,7 +70,8 @@ def run(run_cfg: RunConfig, overwrite: bool = False, resume: bool = True) -> Pat
 
     for stage in run_cfg.stages:  # every stage's data is read and checked before any model is loaded
         _check_data(stage)
-    state = RunState(resume=point)  # the stage it points into resumes from it (RunState.take_resume)
+    # the stage the point is in resumes from it (RunState.take_resume)
+    state = RunState(resume=point, config_dir=Path(run_cfg.source).resolve().parent)
     if point is not None:
         log.info("run folder %s holds a run: continuing it from its newest checkpoint", run_dir)
     # the processes of a decoupled run each write a metrics file of their own

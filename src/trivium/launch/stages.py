@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from trivium.config.load import Stage
 from trivium.launch import build
 from trivium.launch.loop import RunState, StepEnd, eval_at_start, train_loop
 from trivium.launch.sources import DatasetSource, ExperienceSource, OnlineSource
+from trivium.models import lora
 from trivium.monitor.metrics import MetricsWriter, Progress
 from trivium.sync.protocol import build_weight_sync
 from trivium.sync.versions import SyncPlan
@@ -33,47 +35,54 @@ def online_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunS
     taskset = build.task_reader(cfg.buffer.taskset, cfg.seed, is_eval=False)
     total = build.total_steps(cfg, len(taskset))
     per_step = cfg.buffer.batch_size * cfg.buffer.taskset.repeat_times
-    done, saved = state.take_resume(cfg, writer)
+    done, saved, folder = state.take_resume(cfg, writer)
     if done >= total:
         return
+    state.model = lora.prepare(state.model, cfg.model.lora)
     experiences = _experience_source(cfg, run_dir, state, per_step)
     explorer = build.make_explorer(cfg, state, taskset, experiences.feed, run_dir / "failures.jsonl")
-    trainer = build.make_trainer(cfg, state, total)
-    sync = build_weight_sync(cfg, run_dir, "trainer", engine=explorer.model)
-    start_version = state.version - done
-    ahead = None
-    if s.sync_offset > 0:  # the explorer runs ahead in its own thread
-        from trivium.launch.overlap import ExplorerThread
+    with _stage_trainer(stage, run_dir, state, total) as trainer:  # after the explorer: FSDP2 shards in place
+        sync = build_weight_sync(cfg, run_dir, "trainer", engine=explorer.model)
+        start_version = state.version - done
+        ahead = None
+        if s.sync_offset > 0:  # the explorer runs ahead in its own thread
+            from trivium.launch.overlap import ExplorerThread
 
-        def on_eval(record: dict) -> None:
-            writer.write({"stage": stage.name, "global_step": state.global_step, **record})
+            def on_eval(record: dict) -> None:
+                writer.write({"stage": stage.name, "global_step": state.global_step, **record})
 
-        ahead = ExplorerThread(
-            explorer, sync, (done, total), s.sync_interval, s.sync_offset, start_version, on_eval
+            ahead = ExplorerThread(
+                explorer, sync, (done, total), s.sync_interval, s.sync_offset, start_version, on_eval
+            )
+        source = OnlineSource(explorer, experiences, ahead)
+        if saved is not None:
+            trainer.load_state_dict(saved, folder)
+            source.load(saved["resume"])
+        log.info(
+            "stage %s: online RL (%s), %d steps of %d tasks x %d samples, sync every %d step(s), offset %d",
+            stage.name,
+            trainer.algorithm.name,
+            total,
+            cfg.buffer.batch_size,
+            cfg.buffer.taskset.repeat_times,
+            s.sync_interval,
+            s.sync_offset,
         )
-    source = OnlineSource(explorer, experiences, ahead)
-    if saved is not None:
-        trainer.load_state_dict(saved)
-        source.load(saved["resume"])
-    log.info(
-        "stage %s: online RL (%s), %d steps of %d tasks x %d samples, sync every %d step(s), offset %d",
-        stage.name,
-        trainer.algorithm.name,
-        total,
-        cfg.buffer.batch_size,
-        cfg.buffer.taskset.repeat_times,
-        s.sync_interval,
-        s.sync_offset,
-    )
-    progress = Progress(stage.name, total, initial=done, enabled=cfg.monitor.progress_bar)
-    end_step = StepEnd(stage, run_dir, writer, state, progress, total, trainer, explorer)
-    if saved is None:
-        eval_at_start(cfg, explorer, stage, writer, state, progress)
-    if ahead is not None:
-        ahead.start()
-    train_loop(
-        end_step, source, trainer, sync, done=done, start_version=start_version, sync_interval=s.sync_interval
-    )
+        progress = Progress(stage.name, total, initial=done, enabled=cfg.monitor.progress_bar)
+        end_step = StepEnd(stage, run_dir, writer, state, progress, total, trainer, explorer)
+        if saved is None:
+            eval_at_start(cfg, explorer, stage, writer, state, progress)
+        if ahead is not None:
+            ahead.start()
+        train_loop(
+            end_step,
+            source,
+            trainer,
+            sync,
+            done=done,
+            start_version=start_version,
+            sync_interval=s.sync_interval,
+        )
 
 
 def storage_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunState) -> None:
@@ -89,23 +98,30 @@ def storage_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: Run
     else:
         per_step, total = cfg.buffer.batch_size, cfg.buffer.total_steps
     state.resume = find_resume_point(run_dir, [stage.name])  # the process resumes from its own checkpoint
-    done, saved = state.take_resume(cfg, writer)
+    done, saved, folder = state.take_resume(cfg, writer)
+    state.model = lora.prepare(state.model, cfg.model.lora)
     source = _experience_source(cfg, run_dir, state, per_step)
-    trainer = build.make_trainer(cfg, state, total)
-    if saved is not None:
-        trainer.load_state_dict(saved)
-    source.load(saved["resume"] if saved is not None else {})  # hands back a killed process's claims
-    start_version = state.version - done
-    # method memory: no rollout process follows the weights (an explore process generating data only)
-    sync = None
-    if s.method != "memory":
-        sync = build_weight_sync(cfg, run_dir, "trainer", plan=SyncPlan(total, start_version))
-        sync.publish_start(lambda: trainer.export_weights(sync.wire_dtype), state.version)
-    progress = Progress(f"{stage.name} (train)", total, initial=done, enabled=cfg.monitor.progress_bar)
-    end_step = StepEnd(stage, run_dir, writer, state, progress, total, trainer)
-    train_loop(
-        end_step, source, trainer, sync, done=done, start_version=start_version, sync_interval=s.sync_interval
-    )
+    with _stage_trainer(stage, run_dir, state, total) as trainer:
+        if saved is not None:
+            trainer.load_state_dict(saved, folder)
+        source.load(saved["resume"] if saved is not None else {})  # hands back a killed process's claims
+        start_version = state.version - done
+        # method memory: no rollout process follows the weights (an explore process generating data only)
+        sync = None
+        if s.method != "memory":
+            sync = build_weight_sync(cfg, run_dir, "trainer", plan=SyncPlan(total, start_version))
+            sync.publish_start(lambda: trainer.export_weights(sync.wire_dtype), state.version)
+        progress = Progress(f"{stage.name} (train)", total, initial=done, enabled=cfg.monitor.progress_bar)
+        end_step = StepEnd(stage, run_dir, writer, state, progress, total, trainer)
+        train_loop(
+            end_step,
+            source,
+            trainer,
+            sync,
+            done=done,
+            start_version=start_version,
+            sync_interval=s.sync_interval,
+        )
 
 
 def dataset_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunState) -> None:
@@ -118,33 +134,56 @@ def dataset_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: Run
     else:
         data = SftReader(cfg.buffer.sft_dataset, state.tokenizer, seed=cfg.seed)
     total = build.total_steps(cfg, len(data))
-    done, saved = state.take_resume(cfg, writer)
+    done, saved, folder = state.take_resume(cfg, writer)
     if done >= total:
         return
     data.tokenizer = state.tokenizer
-    trainer = build.make_trainer(cfg, state, total)
+    state.model = lora.prepare(state.model, cfg.model.lora)
     explorer = build.make_explorer(cfg, state) if cfg.buffer.eval_tasksets else None
     eval_sync = None if explorer is None else MemorySync(explorer.model, cfg.synchronizer.verify_checksum)
     source = DatasetSource(data, cfg.buffer.batch_size)
-    if saved is not None:
-        trainer.load_state_dict(saved)
-        source.load(saved["resume"])
-    log.info(
-        "stage %s: %s from %s, %d steps of %d examples",
-        stage.name,
-        cfg.algorithm.algorithm_type,
-        data.cfg.path,
-        total,
-        cfg.buffer.batch_size,
-    )
-    progress = Progress(stage.name, total, initial=done, enabled=cfg.monitor.progress_bar)
-    end_step = StepEnd(stage, run_dir, writer, state, progress, total, trainer, explorer, eval_sync)
-    if saved is None:
-        eval_at_start(cfg, explorer, stage, writer, state, progress)
-    # every optimizer step is a weights version (the evaluation engine catches up when it evaluates)
-    train_loop(
-        end_step, source, trainer, None, done=done, start_version=state.version - done, sync_interval=1
-    )
+    with _stage_trainer(stage, run_dir, state, total) as trainer:
+        if saved is not None:
+            trainer.load_state_dict(saved, folder)
+            source.load(saved["resume"])
+        log.info(
+            "stage %s: %s from %s, %d steps of %d examples",
+            stage.name,
+            cfg.algorithm.algorithm_type,
+            data.cfg.path,
+            total,
+            cfg.buffer.batch_size,
+        )
+        progress = Progress(stage.name, total, initial=done, enabled=cfg.monitor.progress_bar)
+        end_step = StepEnd(stage, run_dir, writer, state, progress, total, trainer, explorer, eval_sync)
+        if saved is None:
+            eval_at_start(cfg, explorer, stage, writer, state, progress)
+        # every optimizer step is a weights version (the evaluation engine catches up when it evaluates)
+        train_loop(
+            end_step, source, trainer, None, done=done, start_version=state.version - done, sync_interval=1
+        )
+
+
+@contextlib.contextmanager
+def _stage_trainer(stage: Stage, run_dir: Path, state: RunState, total: int):
+    """The stage's trainer over ``state.model``: on this process alone (``trainer.strategy: single``), or
+    rank 0 of ``trainer.world_size`` ranks that it starts (``ranks.py``) and stops when the stage ends.
+    After a multi-rank stage, the next stage starts from a plain (unsharded) model: its last checkpoint."""
+    cfg = stage.config
+    pad = state.tokenizer.pad_token_id
+    if cfg.trainer.strategy == "single":
+        yield build.make_trainer(cfg, state.model, pad, total)
+        return
+    from trivium.launch.ranks import LeaderTrainer, RankGroup
+
+    ranks = RankGroup.start(cfg, stage.name, run_dir, state.config_dir)
+    try:
+        ranks.share_model(state.model, pad, total)
+        yield LeaderTrainer(build.make_trainer(cfg, state.model, pad, total, ranks.parallel), ranks)
+    finally:
+        ranks.close()
+    final = run_dir / "checkpoints" / stage.name / f"step_{total}" / "model"
+    state.model, _ = build.load_policy(str(final), cfg)
 
 
 def _experience_source(cfg, run_dir: Path, state: RunState, per_step: int) -> ExperienceSource:

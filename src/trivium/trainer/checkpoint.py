@@ -1,4 +1,5 @@
-"""Checkpoints: model weights (safetensors via save_pretrained), tokenizer, optimizer/scheduler/RNG state.
+"""Checkpoints: model weights (safetensors via save_pretrained; a LoRA adapter in PEFT format; with several
+ranks also torch.distributed.checkpoint shards), tokenizer, optimizer/scheduler/RNG state.
 
 A checkpoint is written into a temporary folder and renamed into place, so a reader never sees a
 half-written one; a crash mid-write leaves only a ``.tmp`` folder that the next save removes.
@@ -17,21 +18,23 @@ from typing import Any
 import torch
 
 from trivium.faults import maybe_die
+from trivium.trainer.model_io import MODEL_DIR
 
-MODEL_DIR = "model"
 STATE_FILE = "trainer_state.pt"
 META_FILE = "meta.json"
 
 
 def save_checkpoint(
-    folder: str | Path, model, tokenizer, trainer_state: dict[str, Any], meta: dict[str, Any]
+    folder: str | Path, trainer, tokenizer, trainer_state: dict[str, Any], meta: dict[str, Any]
 ) -> Path:
+    """Write the checkpoint ``folder``: the trainer's model part (``trainer.save_model``: ``model/``, and
+    ``dcp/`` shards with several ranks), the tokenizer next to the model, the trainer state and ``meta``."""
     folder = Path(folder)
     tmp = folder.with_name(folder.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp / MODEL_DIR, safe_serialization=True)
+    trainer.save_model(tmp)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp / MODEL_DIR)
     rng = {"python": random.getstate(), "torch": torch.get_rng_state()}

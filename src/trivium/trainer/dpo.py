@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
 from trivium.algorithm.aggregation import sequence_sums
 from trivium.algorithm.losses_preference import dpo_loss
 from trivium.config.schema import DpoConfig, TrainerConfig
-from trivium.sync.weights import cast_floating
 from trivium.trainer.logprobs import batched_logprobs, token_logprobs
+from trivium.trainer.model_io import export_weights, save_model
 from trivium.trainer.optim import Optimization
+from trivium.trainer.parallel import Parallel
 from trivium.types import PreferencePair, collate_pairs
 
 
@@ -35,6 +37,7 @@ class DpoTrainer:
         self.model, self.ref_model, self.cfg, self.dpo = model, ref_model, cfg, dpo
         self.pad_token_id = pad_token_id
         self.device = next(model.parameters()).device
+        self.parallel = Parallel(self.device)  # DPO trains on one rank (trainer.strategy single)
         self.optim = Optimization(model, cfg)
         self.optim.plan(total_steps)
         self.step = 0
@@ -81,12 +84,15 @@ class DpoTrainer:
         }
 
     def export_weights(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-        """The policy's weights (see ``Trainer.export_weights``)."""
-        return cast_floating(self.model.state_dict(), dtype)
+        """The policy's weights (see ``model_io.export_weights``)."""
+        return export_weights(self.model, self.parallel, dtype)
+
+    def save_model(self, folder: Path) -> None:
+        save_model(self.model, self.parallel, self.optim.optimizer, folder)
 
     def state_dict(self) -> dict:
         return {"step": self.step, **self.optim.state_dict()}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, folder: Path | None = None) -> None:
         self.step = state["step"]
         self.optim.load_state_dict(state)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from trivium.trainer.parallel import Parallel
 from trivium.types import TrainBatch
 
 
@@ -42,14 +43,21 @@ def forward_logprobs(
 
 @torch.no_grad()
 def batched_logprobs(
-    model: torch.nn.Module, batch: TrainBatch, micro_batch_size: int, temperature: float = 1.0
+    model: torch.nn.Module,
+    batch: TrainBatch,
+    micro_batch_size: int,
+    temperature: float = 1.0,
+    parallel: Parallel | None = None,
 ) -> torch.Tensor:
-    """``token_logprobs`` without gradients, ``micro_batch_size`` rows at a time."""
-    parts = []
-    for start in range(0, batch.num_rows, micro_batch_size):
-        rows = torch.arange(start, min(start + micro_batch_size, batch.num_rows))
-        parts.append(token_logprobs(model, _rows(batch, rows), temperature))
-    return torch.cat(parts, dim=0)
+    """``token_logprobs`` without gradients, ``micro_batch_size`` rows at a time; with several ranks each
+    computes its rows (``Parallel.passes``) and the ranks' parts are summed into the whole ``[R, L]``."""
+    parallel = parallel or Parallel(batch.input_ids.device)
+    out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.input_ids.device)
+    for rows, real in parallel.passes(torch.arange(batch.num_rows, device=out.device), micro_batch_size):
+        lp = token_logprobs(model, _rows(batch, rows), temperature)
+        if real:
+            out[rows] = lp
+    return parallel.sum_(out)
 
 
 def _rows(batch: TrainBatch, rows: torch.Tensor) -> TrainBatch:

@@ -70,17 +70,30 @@ class Optimization:
         self.optimizer.zero_grad(set_to_none=True)
         return norm
 
-    def state_dict(self) -> dict:
-        return {
-            "optimizer": self.optimizer.state_dict(),
+    def state_dict(self, include_optimizer: bool = True) -> dict:
+        """``include_optimizer=False``: leave the optimizer's state out (it is saved in shards elsewhere)."""
+        state = {
             "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
             "planned_updates": self.planned_updates,
         }
+        if include_optimizer:
+            state["optimizer"] = self.optimizer.state_dict()
+        return state
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, load_optimizer=None) -> None:
+        """``load_optimizer(optimizer)``: loads the optimizer's state from where it was saved instead of
+        ``state["optimizer"]`` (multi-rank checkpoints)."""
         # The schedule first: building it sets every group's lr to the step-0 value, which the optimizer's
         # saved state (with the lr it had when saved) must then overwrite.
         if state.get("scheduler") is not None:
             self.plan(state["planned_updates"])
             self.scheduler.load_state_dict(state["scheduler"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if load_optimizer is not None:
+            load_optimizer(self.optimizer)
+        elif "optimizer" not in state:
+            raise ValueError(
+                "the checkpoint keeps its optimizer state in its dcp/ shards (written by trainer.strategy ddp "
+                "or fsdp2), which strategy single cannot read: resume with the strategy that wrote it"
+            )
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])

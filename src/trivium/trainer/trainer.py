@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,10 +37,11 @@ from trivium.algorithm.rewards_shaping import (
     overlong_penalty,
 )
 from trivium.config.schema import AlgorithmConfig, OverlongPenaltyConfig, TrainerConfig
-from trivium.sync.weights import cast_floating
 from trivium.trainer.critic import Critic
 from trivium.trainer.logprobs import batched_logprobs, forward_logprobs
+from trivium.trainer.model_io import SHARDS_DIR, export_weights, save_model
 from trivium.trainer.optim import Optimization
+from trivium.trainer.parallel import Parallel
 from trivium.types import Experience, TrainBatch, collate
 
 
@@ -102,8 +104,14 @@ class Trainer:
         kl_penalty_estimator: str = "k1",
         overlong: OverlongPenaltyConfig | None = None,
         seed: int = 0,
+        parallel: Parallel | None = None,
+        reference_is_base: bool = False,
     ):
-        if (algorithm.kl_coef > 0 or kl_penalty is not None) and ref_model is None:
+        """``parallel``: how the model is laid out over ranks (default: one rank, the model's device);
+        ``reference_is_base``: ``model`` is a LoRA (PEFT) model whose base, adapters disabled, is the
+        reference (no ``ref_model`` copy)."""
+        has_reference = ref_model is not None or reference_is_base
+        if (algorithm.kl_coef > 0 or kl_penalty is not None) and not has_reference:
             raise ValueError(
                 "a KL term (kl_loss.coef or kl_penalty.coef > 0) needs a reference model; pass ref_model"
             )
@@ -113,20 +121,22 @@ class Trainer:
         ):
             if name in algorithm.advantage_requires and given is None:
                 raise ValueError(f"advantage '{algorithm.advantage_fn}' needs {name}: pass {model_needed}")
-        self.model = model
+        self.parallel = parallel or Parallel(next(model.parameters()).device)
+        self.device = self.parallel.device
+        self.model = self.parallel.wrap(model)
         self.cfg = cfg
         self.algorithm = algorithm
         self.pad_token_id = pad_token_id
         self.temperature = temperature if temperature > 0 else 1.0  # greedy rollouts report T=1 log-probs
         self.max_response_length = max_response_length
-        self.ref_model = ref_model
+        self.ref_model = None if ref_model is None else self.parallel.wrap(ref_model, trainable=False)
+        self.reference_is_base = reference_is_base
         self.teacher_model = teacher_model
         self.critic = critic
         self.kl_penalty = kl_penalty
         self.kl_penalty_estimator = kl_penalty_estimator
         self.overlong = overlong
-        self.device = next(model.parameters()).device
-        self.optim = Optimization(model, cfg)  # its schedule is planned on the first step
+        self.optim = Optimization(self.model, cfg)  # its schedule is planned on the first step
         self.total_steps = total_steps
         self.step = 0
         self.generator = torch.Generator().manual_seed(seed)
@@ -150,7 +160,7 @@ class Trainer:
             old_lp = self._logprobs(self.model, batch)
         elif not self.algorithm.needs_old_logprobs:
             old_lp = torch.zeros_like(batch.rollout_logprobs)
-        ref_lp = self._logprobs(self.ref_model, batch) if self.ref_model is not None else None
+        ref_lp = self._reference_logprobs(batch)
         teacher_lp = self._logprobs(self.teacher_model, batch) if self.teacher_model is not None else None
         values = self.critic.values(batch, self.cfg.micro_batch_size) if self.critic is not None else None
         advantages, returns, metrics = self._advantages(batch, old_lp, ref_lp, teacher_lp, values)
@@ -171,6 +181,8 @@ class Trainer:
                 updates += 1
         metrics.update({k: v / updates for k, v in sums.items()})
         if self.algorithm.needs_old_logprobs and train_policy:
+            if old_lp is None:  # one update: every row's log-probs came from one rank's pass
+                self.parallel.sum_(seen_lp)
             metrics.update(self._mismatch_metrics(batch, seen_lp if old_lp is None else old_lp))
         self.step += 1
         metrics.update(
@@ -205,7 +217,14 @@ class Trainer:
         }
 
     def _logprobs(self, model: torch.nn.Module, batch: TrainBatch) -> torch.Tensor:
-        return batched_logprobs(model, batch, self.cfg.micro_batch_size, self.temperature)
+        forward = self.parallel.unwrap(model)  # no gradients: no DDP hooks (FSDP2 keeps its own)
+        return batched_logprobs(forward, batch, self.cfg.micro_batch_size, self.temperature, self.parallel)
+
+    def _reference_logprobs(self, batch: TrainBatch) -> torch.Tensor | None:
+        if self.reference_is_base:
+            with self.parallel.unwrap(self.model).disable_adapter():
+                return self._logprobs(self.model, batch)
+        return None if self.ref_model is None else self._logprobs(self.ref_model, batch)
 
     def _advantages(self, batch, old_lp, ref_lp, teacher_lp, values):
         """Advantages ``[R, L]`` (and value targets when a critic is trained), computed once per batch."""
@@ -290,47 +309,51 @@ class Trainer:
         self.model.train(not self.algorithm.needs_old_logprobs)
         sums: dict[str, float] = {}
         total_loss = 0.0
-        mb = self.cfg.micro_batch_size
-        for start in range(0, rows.numel(), mb):
-            idx = rows[start : start + mb]
+        passes = list(self.parallel.passes(rows, self.cfg.micro_batch_size))
+        for n, (idx, real) in enumerate(passes):
             sub = batch.select_rows(idx)
-            lp, entropy = forward_logprobs(
-                self.model, sub, self.temperature, entropy=self.algorithm.entropy_coef > 0
-            )
-            seen_lp[idx] = lp.detach()
-            inputs = PolicyLossInputs(
-                logprobs=lp,
-                old_logprobs=lp.detach() if old_lp is None else old_lp[idx],
-                advantages=advantages[idx],
-                mask=sub.loss_mask,
-                seq_index=sub.seq_index,
-                rollout_logprobs=sub.rollout_logprobs,
-                ref_logprobs=None if ref_lp is None else ref_lp[idx],
-                is_expert=None if expert is None else expert[idx],
-                step=self.step,
-            )
-            loss, m = actor_loss(
-                inputs,
-                policy_loss=self.algorithm.policy_loss_fn,
-                policy_loss_args=self.algorithm.policy_loss_args,
-                aggregation=self.algorithm.aggregation,
-                scale=scale,
-                kl_estimator=self.algorithm.kl_estimator if self.algorithm.kl_coef > 0 else None,
-                kl_coef=self.algorithm.kl_coef,
-                ref_logprobs=None if ref_lp is None else ref_lp[idx],
-                entropy=entropy,
-                entropy_coef=self.algorithm.entropy_coef,
-            )
-            loss.backward()
-            total_loss += float(loss.detach())
+            with self.parallel.accumulating(self.model, last=n == len(passes) - 1):
+                lp, entropy = forward_logprobs(
+                    self.model, sub, self.temperature, entropy=self.algorithm.entropy_coef > 0
+                )
+                loss, m = actor_loss(
+                    PolicyLossInputs(
+                        logprobs=lp,
+                        old_logprobs=lp.detach() if old_lp is None else old_lp[idx],
+                        advantages=advantages[idx],
+                        mask=sub.loss_mask,
+                        seq_index=sub.seq_index,
+                        rollout_logprobs=sub.rollout_logprobs,
+                        ref_logprobs=None if ref_lp is None else ref_lp[idx],
+                        is_expert=None if expert is None else expert[idx],
+                        step=self.step,
+                    ),
+                    policy_loss=self.algorithm.policy_loss_fn,
+                    policy_loss_args=self.algorithm.policy_loss_args,
+                    aggregation=self.algorithm.aggregation,
+                    scale=scale,
+                    kl_estimator=self.algorithm.kl_estimator if self.algorithm.kl_coef > 0 else None,
+                    kl_coef=self.algorithm.kl_coef,
+                    ref_logprobs=None if ref_lp is None else ref_lp[idx],
+                    entropy=entropy,
+                    entropy_coef=self.algorithm.entropy_coef,
+                )
+                # a filler pass (a rank short of rows) only joins the collectives: weight 0 everywhere,
+                # the same metric keys as a real pass, so that every rank sums the same keys
+                share = 1.0 if real else 0.0
+                (loss * share).backward()
+            if real:
+                seen_lp[idx] = lp.detach()
+            total_loss += share * float(loss.detach())
             # loss/* entries are already this micro-batch's share of the mini-batch loss: add them up;
             # other metrics are micro-batch means: weight them by the micro-batch's share of tokens.
-            weight = float(sub.loss_mask.sum()) / max(1.0, scale.num_tokens)
+            weight = share * float(sub.loss_mask.sum()) / max(1.0, scale.num_tokens)
             for k, v in m.items():
-                sums[k] = sums.get(k, 0.0) + float(v) * (1.0 if k.startswith("loss/") else weight)
+                sums[k] = sums.get(k, 0.0) + float(v) * (share if k.startswith("loss/") else weight)
+        sums = self.parallel.sum_floats({**sums, "train/loss": total_loss})
         grad_norm = self.optim.step()
         self.model.eval()
-        return {**sums, "train/loss": total_loss, "train/grad_norm": grad_norm}
+        return {**sums, "train/grad_norm": grad_norm}
 
     @staticmethod
     def _mismatch_metrics(batch: TrainBatch, old_lp: torch.Tensor) -> dict[str, float]:
@@ -353,27 +376,44 @@ class Trainer:
         }
 
     def export_weights(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-        """The policy's weights as a plain state dict of the model's own names: the one way weights leave
-        the trainer (weight sync, evaluation engines). ``dtype``: cast floating-point tensors to it (the
-        receiving engine's, where a sync sends bytes); None keeps the trainer's."""
-        return cast_floating(self.model.state_dict(), dtype)
+        """The policy's weights as a plain state dict (see ``model_io.export_weights``); ``dtype``: cast
+        floating-point tensors to it (the receiving engine's); None keeps the trainer's."""
+        return export_weights(self.model, self.parallel, dtype)
 
     # --- state for checkpoints ------------------------------------------------------------------
+    def save_model(self, folder: Path) -> None:
+        """The checkpoint's model part (``model_io.save_model``); collective with several ranks."""
+        save_model(self.model, self.parallel, self.optim.optimizer, folder)
+
     def state_dict(self) -> dict[str, Any]:
-        """Optimizer, schedule and RNG state, plus the critic (weights and optimizer) and the KL controller."""
-        state = {"step": self.step, **self.optim.state_dict(), "generator": self.generator.get_state()}
+        """Schedule and RNG state, the optimizer's (one rank; multi-rank strategies keep it in the
+        checkpoint's shards), the critic (weights and optimizer) and the KL controller."""
+        optim = self.optim.state_dict(include_optimizer=not self.parallel.sharded)
+        state = {"step": self.step, **optim, "generator": self.generator.get_state()}
         if self.critic is not None:
             state["critic"] = self.critic.state_dict()
         if self.kl_penalty is not None:
             state["kl_penalty"] = self.kl_penalty.state_dict()
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state_dict()`` (the model's weights are loaded separately, from the checkpoint)."""
+    def load_state_dict(self, state: dict[str, Any], folder: Path | None = None) -> None:
+        """Continue from ``state_dict()`` of the checkpoint ``folder`` (the model's weights are loaded
+        separately, from its ``model/``; multi-rank strategies read the optimizer from its shards)."""
         self.step = state["step"]
-        self.optim.load_state_dict(state)
+        shards = None if not self.parallel.sharded else Path(folder) / SHARDS_DIR
+        self.optim.load_state_dict(
+            state, load_optimizer=None if shards is None else self._load_sharded_optimizer(shards)
+        )
         self.generator.set_state(state["generator"])
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])
         if self.kl_penalty is not None:
             self.kl_penalty.load_state_dict(state["kl_penalty"])
+
+    def _load_sharded_optimizer(self, folder: Path):
+        if not folder.is_dir():
+            raise FileNotFoundError(
+                f"{folder} is missing: the checkpoint was written by trainer.strategy single, whose optimizer "
+                f"state cannot be loaded by strategy {self.parallel.name}; resume with strategy single"
+            )
+        return lambda optimizer: self.parallel.load_sharded(self.model, optimizer, folder)

@@ -1,0 +1,104 @@
+"""A trainer rank > 0 (``python -m trivium.launch.rank``), started by rank 0 (``ranks.RankGroup.start``).
+
+It joins the process group, receives the model rank 0 trains (architecture, LoRA adapters, weights),
+builds the same trainer on its part of the work, and makes every call rank 0 announces until told to
+stop. It exits when rank 0's process is gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="trivium.launch.rank", description=__doc__)
+    ap.add_argument("--config", required=True, help="the stage's resolved config (JSON), written by rank 0")
+    ap.add_argument("--rank", type=int, required=True)
+    ap.add_argument("--world-size", type=int, required=True)
+    ap.add_argument("--init", required=True, help="tcp://HOST:PORT of the process group")
+    ap.add_argument("--plugin-dir", default=".", help="the config file's folder (for plugins)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s %(levelname)s rank {args.rank} %(name)s: %(message)s"
+    )
+    _exit_with_parent()
+
+    import torch
+    import torch.distributed as dist
+
+    from trivium.config.load import load_plugins
+    from trivium.config.schema import TriviumConfig
+    from trivium.launch import build
+    from trivium.launch.ranks import CommandChannel, _backend, follow, rank_device
+    from trivium.trainer.parallel import make_parallel
+
+    cfg = TriviumConfig.model_validate_json(Path(args.config).read_text())
+    problems = load_plugins(cfg.plugins, Path(args.plugin_dir))
+    if problems:
+        raise SystemExit(f"rank {args.rank}: {problems[0]}")
+    device = rank_device(cfg, args.rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    timeout = datetime.timedelta(seconds=cfg.synchronizer.wait_timeout_s)
+    dist.init_process_group(
+        _backend(device), init_method=args.init, rank=args.rank, world_size=args.world_size, timeout=timeout
+    )
+    channel = CommandChannel()
+    try:
+        command, (blueprint,) = channel.receive()
+        if command != "build":
+            raise RuntimeError(f"rank 0 sent {command!r} before the model")
+        model = _build_model(blueprint, cfg, device)
+        parallel = make_parallel(cfg.trainer.strategy, device, args.rank, args.world_size)
+        trainer = build.make_trainer(
+            cfg, model, blueprint["pad_token_id"], blueprint["total_steps"], parallel
+        )
+        follow(trainer, channel, args.rank)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+def _build_model(blueprint: dict, cfg, device):
+    """The model rank 0 trains: built from its architecture (with the same LoRA adapters), then every
+    weight received from rank 0."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trivium.launch.ranks import broadcast_weights
+    from trivium.models.loading import resolve_dtype
+
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(blueprint["config"], dtype=resolve_dtype(cfg.model.dtype))
+    if blueprint["lora"] is not None:
+        from peft import get_peft_model
+
+        model = get_peft_model(model, blueprint["lora"])
+    model.eval()
+    broadcast_weights(model)
+    return model
+
+
+def _exit_with_parent() -> None:
+    """Rank 0 started this process: when it is gone (killed, crashed), so is this one."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        logging.getLogger(__name__).error("rank 0 (pid %d) is gone: exiting", parent)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,270 @@
+"""Trainer ranks on one machine: rank 0 is this process (the explorer lives here too), ranks 1..N-1 are
+processes it starts for ``trainer.strategy: ddp | fsdp2`` with ``trainer.world_size: N``.
+
+Rank 0 drives. Every collective call of the trainer (``train_step``, ``export_weights``, ``save_model``,
+``load_state_dict``) is first announced to the other ranks on a command channel, then made on every rank;
+the other ranks only ever follow (``follow``). So the loops of ``launch/`` stay unaware of ranks: they talk
+to a ``LeaderTrainer`` as to any trainer. A stage that trains on N ranks starts its N - 1 processes, sends
+them the model (architecture, LoRA adapters, weights) and stops them at its end.
+
+Failures end the run with a message, never a hang: a rank that dies makes the collective in flight fail
+on rank 0 (gloo sees the closed connection), which raises ``RankFailed`` naming the rank and how it ended;
+a watchdog stops rank 0 if it is still blocked ``synchronizer.wait_timeout_s`` after a rank died (NCCL
+waits for its own timeout); the other ranks exit when rank 0's process is gone. Run ``trivium run`` again
+to resume from the newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trivium.faults import maybe_die
+
+log = logging.getLogger(__name__)
+
+__all__ = ["LeaderTrainer", "RankFailed", "RankGroup", "follow"]
+
+COMMANDS = ("train_step", "export_weights", "save_model", "load_state_dict")
+CHANNEL_TIMEOUT = datetime.timedelta(days=30)  # followers wait on it while rank 0 explores
+
+
+class RankFailed(RuntimeError):
+    """A trainer rank died or stopped answering; the run cannot go on."""
+
+
+class CommandChannel:
+    """Rank 0 broadcasts ``(command, args)``; the other ranks receive them in the same order (a gloo group
+    of its own, with a long timeout: the followers wait on it while rank 0 explores)."""
+
+    def __init__(self):
+        self.group = dist.new_group(backend="gloo", timeout=CHANNEL_TIMEOUT)
+
+    def send(self, command: str, *args: Any) -> None:
+        dist.broadcast_object_list([(command, args)], src=0, group=self.group)
+
+    def receive(self) -> tuple[str, tuple]:
+        box: list[Any] = [None]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+
+def rank_device(cfg, rank: int) -> torch.device:
+    """Rank r's device: cuda:r when the model runs on CUDA, else the CPU."""
+    from trivium.models.loading import resolve_device
+
+    device = torch.device(resolve_device(cfg.model.device))
+    return torch.device("cuda", rank) if device.type == "cuda" else device
+
+
+def _backend(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RankGroup:
+    """Rank 0's handle on the trainer ranks of one stage: processes, process group, command channel."""
+
+    def __init__(self, cfg, procs: list[subprocess.Popen], channel: CommandChannel, parallel):
+        self.cfg = cfg
+        self.procs = procs
+        self.channel = channel
+        self.parallel = parallel
+        self.world_size = cfg.trainer.world_size
+        self._closed = threading.Event()
+        self._watchdog = threading.Thread(target=self._watch, name="rank-watchdog", daemon=True)
+        self._watchdog.start()
+
+    @classmethod
+    def start(cls, cfg, stage_name: str, run_dir: Path, plugin_dir: Path) -> RankGroup:
+        """Start ranks 1..N-1 (this process is rank 0) and form the process group with them."""
+        from trivium.trainer.parallel import make_parallel
+
+        world = cfg.trainer.world_size
+        device = rank_device(cfg, 0)
+        init = f"tcp://127.0.0.1:{free_port()}"
+        spec = run_dir / "ranks" / f"{stage_name}.json"
+        spec.parent.mkdir(parents=True, exist_ok=True)
+        spec.write_text(cfg.model_dump_json())
+        env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // world))}
+        procs = []
+        for rank in range(1, world):
+            cmd = [sys.executable, "-m", "trivium.launch.rank", "--config", str(spec), "--rank", str(rank)]
+            cmd += ["--world-size", str(world), "--init", init, "--plugin-dir", str(plugin_dir)]
+            procs.append(subprocess.Popen(cmd, env=env))
+        timeout = datetime.timedelta(seconds=cfg.synchronizer.wait_timeout_s)
+        try:
+            dist.init_process_group(
+                _backend(device), init_method=init, rank=0, world_size=world, timeout=timeout
+            )
+            channel = CommandChannel()
+        except Exception as error:
+            for p in procs:
+                p.kill()
+            raise RankFailed(
+                f"trainer ranks 1..{world - 1} did not join rank 0 at {init}: {error}"
+            ) from error
+        pids = ", ".join(str(p.pid) for p in procs)
+        log.info(
+            "trainer: strategy %s on %d ranks (%s; ranks 1..%d are pids %s)",
+            cfg.trainer.strategy,
+            world,
+            device,
+            world - 1,
+            pids,
+        )
+        return cls(cfg, procs, channel, make_parallel(cfg.trainer.strategy, device, 0, world))
+
+    def share_model(self, model: torch.nn.Module, pad_token_id: int, total_steps: int) -> None:
+        """Send the other ranks what they need to build the same trainer: the model's architecture (and
+        LoRA adapters), then every weight."""
+        from trivium.models import lora
+
+        blueprint = {
+            "config": lora.base_model(model).config,
+            "lora": model.peft_config[lora.ADAPTER] if lora.is_peft(model) else None,
+            "pad_token_id": pad_token_id,
+            "total_steps": total_steps,
+        }
+        self.call("build", blueprint)
+        broadcast_weights(model)
+
+    def call(self, command: str, *args: Any) -> None:
+        """Announce ``command`` to the other ranks (they make the same call next)."""
+        try:
+            self.channel.send(command, *args)
+        except Exception as error:
+            self.raise_if_dead(f"announcing {command}", error)
+            raise
+
+    def raise_if_dead(self, during: str, error: BaseException | None = None) -> None:
+        """Raise ``RankFailed`` if a rank's process has ended; otherwise return."""
+        dead = [(rank, p) for rank, p in enumerate(self.procs, 1) if p.poll() is not None]
+        if not dead:
+            return
+        rank, proc = dead[0]
+        raise RankFailed(
+            f"trainer rank {rank} (pid {proc.pid}) {_how(proc.returncode)} during {during}; the run stops. "
+            "Run the same command again to resume from the newest checkpoint"
+        ) from error
+
+    def close(self) -> None:
+        """Stop the other ranks (after the stage, or after a failure) and leave the process group."""
+        self._closed.set()
+        try:
+            if all(p.poll() is None for p in self.procs):
+                self.channel.send("stop")
+        except Exception:  # a rank already gone: nothing to tell it
+            pass
+        deadline = time.monotonic() + 60
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def _watch(self) -> None:
+        """A rank that dies while rank 0 waits in a collective that never fails (NCCL) would hang the run:
+        stop this process ``wait_timeout_s`` after a death that nothing else noticed."""
+        died_at = None
+        while not self._closed.wait(1.0):
+            if died_at is None and any(p.poll() is not None for p in self.procs):
+                died_at = time.monotonic()
+            if died_at is not None and time.monotonic() - died_at > self.cfg.synchronizer.wait_timeout_s:
+                try:
+                    self.raise_if_dead("a collective that did not end")
+                except RankFailed as failed:
+                    log.error("%s", failed)
+                os._exit(1)
+
+
+def _how(returncode: int) -> str:
+    if returncode < 0:
+        return f"was killed by {signal.Signals(-returncode).name}"
+    return f"exited with code {returncode}"
+
+
+def broadcast_weights(model: torch.nn.Module) -> None:
+    """Every tensor of ``model``'s state dict from rank 0 to the other ranks, in place, in name order."""
+    with torch.no_grad():
+        for _, tensor in sorted(model.state_dict().items()):
+            dist.broadcast(tensor, src=0)
+
+
+class LeaderTrainer:
+    """Rank 0's trainer in a multi-rank stage: the collective calls are announced to the other ranks,
+    which make them on their part of the model; everything else is rank 0's own."""
+
+    def __init__(self, trainer, ranks: RankGroup):
+        self.trainer = trainer
+        self.ranks = ranks
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.trainer.model
+
+    @property
+    def algorithm(self):
+        return self.trainer.algorithm
+
+    @property
+    def step(self) -> int:
+        return self.trainer.step
+
+    def train_step(self, batch) -> dict[str, float]:
+        return self._everywhere("train_step", list(batch))
+
+    def export_weights(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        return self._everywhere("export_weights", dtype)
+
+    def save_model(self, folder: Path) -> None:
+        self._everywhere("save_model", Path(folder))
+
+    def load_state_dict(self, state: dict[str, Any], folder: Path | None = None) -> None:
+        own = {k: v for k, v in state.items() if k not in ("resume", "rng")}  # what every rank needs
+        self.ranks.call("load_state_dict", own, folder)
+        self.trainer.load_state_dict(state, folder)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.trainer.state_dict()
+
+    def _everywhere(self, command: str, *args: Any):
+        self.ranks.call(command, *args)
+        try:
+            return getattr(self.trainer, command)(*args)
+        except Exception as error:
+            self.ranks.raise_if_dead(f"{command} (trainer step {self.trainer.step + 1})", error)
+            raise
+
+
+def follow(trainer, channel: CommandChannel, rank: int) -> None:
+    """A rank > 0: make every call rank 0 announces, until it says stop."""
+    while True:
+        command, args = channel.receive()
+        if command == "stop":
+            return
+        if command not in COMMANDS:
+            raise RankFailed(f"rank 0 sent an unknown command {command!r}")
+        if command == "train_step":
+            maybe_die(f"rank{rank}:train", trainer.step + 1)  # TRIVIUM_KILL_AT=rank1:train:3 (tests)
+        getattr(trainer, command)(*args)

@@ -1,0 +1,23 @@
+"""Helpers of the tests that run `trivium run` in a subprocess (killed and resumed runs)."""
+
+import os
+import subprocess
+import sys
+
+
+def trivium_run(path, kill_at="", *extra, timeout=300):
+    """`trivium run -c PATH [extra]` with TRIVIUM_KILL_AT (trivium.faults); the CompletedProcess."""
+    env = {**os.environ, "TRIVIUM_KILL_AT": kill_at or ""}
+    return subprocess.run(
+        [sys.executable, "-m", "trivium.cli", "run", "-c", str(path), *extra],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def comparable(records):
+    """Metric records without the fields that depend on wall time."""
+    drop = ("time", "seconds", "per_s")
+    return [{k: v for k, v in r.items() if not any(d in k for d in drop)} for r in records]

@@ -1,0 +1,104 @@
+"""trivium run with trainer.strategy ddp / fsdp2: rank processes started and stopped per stage, sharded
+checkpoints, a killed rank ending the run with a message, and a rerun resuming it."""
+
+import json
+
+import pytest
+import yaml
+from tests.launch.helpers import comparable, trivium_run
+
+from trivium.monitor.metrics import read_metrics
+
+
+def make_config(e2e, folder, name, strategy, world_size, sft_steps=4, grpo_steps=2):
+    cfg = e2e.config(folder, grpo_steps=grpo_steps)
+    cfg["name"] = name
+    cfg["synchronizer"] = {"wait_timeout_s": 60}
+    cfg["stages"][0]["buffer"]["total_steps"] = sft_steps
+    for stage in cfg["stages"]:
+        stage["trainer"].update({"strategy": strategy, "world_size": world_size, "save_interval": 2})
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.mark.integration
+def test_fsdp2_run_shards_checkpoints_and_hands_plain_weights_to_the_next_stage(e2e, tmp_path):
+    e2e.write(tmp_path)
+    result = trivium_run(make_config(e2e, tmp_path, "fsdp2", "fsdp2", 2))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.count("strategy fsdp2 on 2 ranks") == 2  # ranks started for each stage
+    run_dir = tmp_path / "runs" / "e2e" / "fsdp2"
+    for stage, step in (("sft", 4), ("grpo", 2)):
+        folder = run_dir / "checkpoints" / stage / f"step_{step}"
+        meta = json.loads((folder / "meta.json").read_text())
+        assert (meta["strategy"], meta["world_size"]) == ("fsdp2", 2)
+        assert (folder / "model" / "model.safetensors").exists()  # consolidated by rank 0
+        assert len(list((folder / "dcp").glob("*.distcp"))) == 2  # one shard file per rank
+    stages = [(r["stage"], r["step"]) for r in read_metrics(run_dir) if "train/loss" in r]
+    assert stages == [("sft", 1), ("sft", 2), ("sft", 3), ("sft", 4), ("grpo", 1), ("grpo", 2)]
+
+
+@pytest.mark.integration
+def test_a_killed_rank_stops_the_run_and_a_rerun_resumes_it_exactly(e2e, tmp_path):
+    e2e.write(tmp_path)
+    reference = trivium_run(make_config(e2e, tmp_path, "reference", "ddp", 2, grpo_steps=1))
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    path = make_config(e2e, tmp_path, "killed", "ddp", 2, grpo_steps=1)
+    killed = trivium_run(path, "rank1:train:3")  # rank 1 dies before SFT step 3 (checkpoint at step 2)
+    assert killed.returncode == 1, killed.stderr[-3000:]
+    assert "trainer rank 1" in killed.stderr and "killed by SIGKILL" in killed.stderr
+    assert "Run the same command again to resume" in killed.stderr
+    resumed = trivium_run(path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from" in resumed.stderr and "step_2" in resumed.stderr
+    got = read_metrics(tmp_path / "runs" / "e2e" / "killed")
+    ref = read_metrics(tmp_path / "runs" / "e2e" / "reference")
+    assert comparable(got) == comparable(ref)
+
+
+def lora_config(e2e, folder, name, strategy="single", world_size=1):
+    path = make_config(e2e, folder, name, strategy, world_size, grpo_steps=2)
+    cfg = yaml.safe_load(path.read_text())
+    cfg["model"]["lora"] = {"rank": 8, "alpha": 16}
+    cfg["stages"][1]["algorithm"] = {"kl_loss": {"coef": 0.05}}  # the reference: the base, adapters off
+    cfg["stages"].append(
+        {"name": "bench", "mode": "bench", "trainer": {"strategy": "single", "world_size": 1}}
+    )
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.mark.integration
+def test_lora_stages_checkpoint_adapters_resume_exactly_and_bench_merged(e2e, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    e2e.write(tmp_path)
+    reference = trivium_run(lora_config(e2e, tmp_path, "lora-reference"))
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    assert "LoRA rank 8 on all-linear" in reference.stderr
+    path = lora_config(e2e, tmp_path, "lora")
+    assert trivium_run(path, "train:3").returncode == -9  # killed in SFT step 3 (checkpoint at 2)
+    resumed = trivium_run(path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "e2e" / "lora"
+    assert comparable(read_metrics(run_dir)) == comparable(
+        read_metrics(tmp_path / "runs" / "e2e" / "lora-reference")
+    )
+    adapter = run_dir / "checkpoints" / "grpo" / "step_2" / "model"
+    assert (adapter / "adapter_config.json").exists() and not (adapter / "model.safetensors").exists()
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(run_dir / "base_model"), adapter)
+    assert any("lora_A" in name for name, _ in model.named_parameters())
+    bench = {r["model"]: r for r in read_metrics(run_dir) if r["stage"] == "bench"}
+    assert {"base", "sft/step_4", "grpo/step_2"} <= set(bench)  # adapter checkpoints evaluated, merged
+    assert all("eval/test/accuracy" in r for r in bench.values())
+
+
+@pytest.mark.integration
+def test_lora_trains_on_two_ddp_ranks(e2e, tmp_path):
+    e2e.write(tmp_path)
+    result = trivium_run(lora_config(e2e, tmp_path, "lora-ddp", "ddp", 2))
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = read_metrics(tmp_path / "runs" / "e2e" / "lora-ddp")
+    assert [r["step"] for r in records if r["stage"] == "grpo" and "train/loss" in r] == [1, 2]

@@ -1,0 +1,105 @@
+"""One rank of the parity runs (tests/trainer/test_parallel_parity.py): the same trainer steps on the same
+data under trainer.strategy single, ddp or fsdp2; rank 0 writes every step's loss and grad norm and the
+final weights.
+
+    python tests/trainer/parity_worker.py MODEL_DIR OUT STRATEGY RANK WORLD INIT [LORA]
+"""
+
+import datetime
+import sys
+
+import torch
+import torch.distributed as dist
+from transformers import AutoModelForCausalLM
+
+from trivium.config.schema import AlgorithmConfig, KLLossConfig, LoraConfig, TrainerConfig
+from trivium.models import lora
+from trivium.trainer.parallel import make_parallel
+from trivium.trainer.trainer import AlgorithmSpec, Trainer
+from trivium.types import Experience
+
+STEPS = 5
+# (name, algorithm, trainer settings): one update per batch; mini-batches x epochs with a KL loss; SFT
+SCENARIOS = [
+    ("grpo", AlgorithmConfig(algorithm_type="grpo"), {"micro_batch_size": 3}),
+    (
+        "grpo_minibatches_kl",
+        AlgorithmConfig(algorithm_type="grpo", kl_loss=KLLossConfig(coef=0.1)),
+        {"micro_batch_size": 2, "mini_batch_size": 8, "ppo_epochs": 2},
+    ),
+    ("sft", AlgorithmConfig(algorithm_type="sft"), {"micro_batch_size": 5}),
+]
+
+
+def batch(seed: int, vocab: int) -> list[Experience]:
+    """16 sequences (4 groups of 4) of 6-14 tokens with varied rewards, the same on every rank."""
+    g = torch.Generator().manual_seed(1000 + seed)
+    out = []
+    for i in range(16):
+        n = int(torch.randint(6, 15, (1,), generator=g))
+        prompt = int(torch.randint(2, 5, (1,), generator=g))
+        tokens = torch.randint(4, vocab, (n,), generator=g)
+        out.append(
+            Experience(
+                tokens=tokens,
+                prompt_length=prompt,
+                action_mask=torch.ones(n - prompt, dtype=torch.bool),
+                logprobs=-torch.rand(n - prompt, generator=g) * 3,
+                reward=float(torch.rand(1, generator=g)),
+                group_id=i // 4,
+                run_index=i % 4,
+            )
+        )
+    return out
+
+
+def main(model_dir, out, strategy, rank, world, init, use_lora=""):
+    rank, world = int(rank), int(world)
+    if world > 1:
+        dist.init_process_group(
+            "gloo", init_method=init, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120)
+        )
+    results = {}
+    for name, algorithm, settings in SCENARIOS:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        if use_lora:
+            model = lora.attach(model, LoraConfig(rank=4, alpha=8, target_modules="all-linear"))
+            with torch.no_grad():  # B starts at 0: make the adapters matter from the first step
+                for n, p in model.named_parameters():
+                    if "lora_B" in n:
+                        p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(n))) * 0.01)
+        spec = AlgorithmSpec.from_config(algorithm)
+        ref = None
+        if spec.kl_coef > 0 and not use_lora:
+            ref = (
+                AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+                .eval()
+                .requires_grad_(False)
+            )
+        trainer = Trainer(
+            model,
+            TrainerConfig(lr=1e-3, **settings),
+            spec,
+            pad_token_id=0,
+            total_steps=STEPS,
+            max_response_length=12,
+            ref_model=ref,
+            reference_is_base=bool(use_lora) and spec.kl_coef > 0,
+            parallel=make_parallel(strategy, torch.device("cpu"), rank, world),
+        )
+        data = batch(0, model.config.vocab_size)  # the same batch every step: its loss must fall
+        steps = []
+        for _ in range(STEPS):
+            m = trainer.train_step(data)
+            steps.append({k: m[k] for k in ("train/loss", "train/grad_norm", "loss/policy")})
+        weights = trainer.export_weights()
+        results[name] = {"steps": steps, "weights": weights}
+    if rank == 0:
+        torch.save(results, out)
+    if world > 1:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
