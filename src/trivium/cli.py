@@ -1,4 +1,4 @@
-"""The ``trivium`` command line: run | check-config | make-tiny | plot.
+"""The ``trivium`` command line: run | check-config | convert | make-tiny | plot | check-template.
 
 Heavy imports (torch, transformers) happen inside the commands, so ``trivium --help`` is instant.
 """
@@ -62,6 +62,41 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run_dir", help="run folder (holds metrics.jsonl)")
     p.add_argument("--out", default=None, help="PNG path (default: RUN_DIR/curves.png)")
     p.set_defaults(func=_cmd_plot)
+
+    p = sub.add_parser(
+        "convert",
+        help="write a checkpoint (full, LoRA adapter or sharded) as a plain Hugging Face model folder",
+    )
+    p.add_argument(
+        "source",
+        help="a checkpoint folder (runs/.../checkpoints/STAGE/step_N), model folder, "
+        "LoRA adapter folder or dcp/ shards folder",
+    )
+    p.add_argument("out", help="output folder")
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        default=None,
+        help="cast the weights (default: keep float32)",
+    )
+    p.add_argument(
+        "--no-merge",
+        dest="merge",
+        action="store_false",
+        help="LoRA: write the adapter itself (cast) instead of merging it into its base model",
+    )
+    p.add_argument(
+        "--base",
+        default=None,
+        help="the base model folder (LoRA, when the path in the adapter is gone; shards: the "
+        "folder with the architecture's config.json)",
+    )
+    p.add_argument(
+        "--from-shards",
+        action="store_true",
+        help="read a checkpoint's dcp/ shards instead of its consolidated model/ folder",
+    )
+    p.set_defaults(func=_cmd_convert)
 
     p = sub.add_parser(
         "check-template",
@@ -173,6 +208,28 @@ def _cmd_check_template(args) -> int:
             "they train on the conversation as sampled, which this template would render differently at inference."
         )
     return 0 if report.stable else 1
+
+
+def _cmd_convert(args) -> int:
+    import transformers
+
+    from trivium.models.convert import convert
+
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        out = convert(
+            args.source,
+            args.out,
+            dtype=args.dtype,
+            merge=args.merge,
+            base=args.base,
+            from_shards=args.from_shards,
+        )
+    except (FileNotFoundError, ValueError) as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    print(f"model written to {out}")
+    return 0
 
 
 def _cmd_plot(args) -> int:

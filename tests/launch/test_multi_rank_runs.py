@@ -4,6 +4,7 @@ checkpoints, a killed rank ending the run with a message, and a rerun resuming i
 import json
 
 import pytest
+import torch
 import yaml
 from tests.launch.helpers import comparable, trivium_run
 
@@ -37,6 +38,29 @@ def test_fsdp2_run_shards_checkpoints_and_hands_plain_weights_to_the_next_stage(
         assert len(list((folder / "dcp").glob("*.distcp"))) == 2  # one shard file per rank
     stages = [(r["stage"], r["step"]) for r in read_metrics(run_dir) if "train/loss" in r]
     assert stages == [("sft", 1), ("sft", 2), ("sft", 3), ("sft", 4), ("grpo", 1), ("grpo", 2)]
+    # trivium convert assembles the shards in one process: the same weights as the consolidated folder
+    from transformers import AutoModelForCausalLM
+
+    from trivium.cli import main as cli
+
+    checkpoint = run_dir / "checkpoints" / "grpo" / "step_2"
+    assert (
+        cli(
+            [
+                "convert",
+                str(checkpoint),
+                str(tmp_path / "from-shards"),
+                "--from-shards",
+                "--dtype",
+                "bfloat16",
+            ]
+        )
+        == 0
+    )
+    shards = AutoModelForCausalLM.from_pretrained(tmp_path / "from-shards").state_dict()
+    full = AutoModelForCausalLM.from_pretrained(checkpoint / "model").state_dict()
+    assert shards.keys() == full.keys() and all(shards[k].dtype is torch.bfloat16 for k in shards)
+    assert all(torch.equal(shards[k], full[k].bfloat16()) for k in full)
 
 
 @pytest.mark.integration
@@ -90,6 +114,13 @@ def test_lora_stages_checkpoint_adapters_resume_exactly_and_bench_merged(e2e, tm
     assert (adapter / "adapter_config.json").exists() and not (adapter / "model.safetensors").exists()
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(run_dir / "base_model"), adapter)
     assert any("lora_A" in name for name, _ in model.named_parameters())
+    from trivium.cli import main as cli
+    from trivium.models import lora
+
+    assert cli(["convert", str(adapter.parent), str(tmp_path / "merged")]) == 0
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").state_dict()
+    expected = lora.merged_state_dict(model.state_dict(), lora.lora_layers(model))
+    assert all(torch.allclose(merged[k], expected[k], atol=1e-6) for k in merged)
     bench = {r["model"]: r for r in read_metrics(run_dir) if r["stage"] == "bench"}
     assert {"base", "sft/step_4", "grpo/step_2"} <= set(bench)  # adapter checkpoints evaluated, merged
     assert all("eval/test/accuracy" in r for r in bench.values())

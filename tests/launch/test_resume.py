@@ -76,3 +76,20 @@ def test_no_resume_refuses_an_existing_run(e2e, tmp_path):
     assert again.returncode == 2 and "--no-resume" in again.stderr and "--overwrite" in again.stderr
     rerun = trivium_run(path)  # finished: resuming does nothing more
     assert rerun.returncode == 0 and len(read_metrics(tmp_path / "runs" / "e2e" / "once")) == 2
+
+
+class _RunsCode:
+    def __reduce__(self):  # unpickling this would call print(...): any code could run the same way
+        return (print, ("code ran while loading a checkpoint",))
+
+
+def test_a_checkpoint_that_needs_code_to_load_is_refused(tmp_path, capsys):
+    import torch
+
+    from trivium.launch.resume import ResumePoint
+
+    torch.save({"step": 1, "payload": _RunsCode()}, tmp_path / "trainer_state.pt")
+    point = ResumePoint(0, "sft", 1, 1, 1, tmp_path)
+    with pytest.raises(RuntimeError, match=r"trainer_state\.pt cannot be loaded as plain tensors"):
+        point.trainer_state()
+    assert "code ran" not in capsys.readouterr().out

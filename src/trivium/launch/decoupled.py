@@ -31,6 +31,7 @@ from trivium.buffer.feed import StorageFeed
 from trivium.faults import maybe_die
 from trivium.launch import build
 from trivium.launch.loop import eval_due
+from trivium.launch.resume import load_state_file
 from trivium.sync.protocol import build_weight_sync
 from trivium.sync.versions import required_version
 
@@ -56,7 +57,7 @@ def explore_loop(stage, run_dir: Path, writer, state) -> None:
     state_file = run_dir / f"explore_state.{stage.name}.pt"
     done = 0
     if state_file.exists():  # a restarted explore process continues after its last written step
-        saved = torch.load(state_file, weights_only=False)
+        saved = load_state_file(state_file)
         done = saved["step"]
         explorer.load_state_dict(saved["explorer"])
         dropped = writer.drop_after(state.global_step + done)

@@ -32,7 +32,21 @@ class ResumePoint:
     world_size: int = 1
 
     def trainer_state(self) -> dict[str, Any]:
-        return torch.load(self.path / "trainer_state.pt", weights_only=False)
+        """The trainer state saved with the checkpoint, loaded without running code: only tensors and plain
+        Python values (a checkpoint from elsewhere cannot execute anything through pickle)."""
+        return load_state_file(self.path / "trainer_state.pt")
+
+
+def load_state_file(path: Path) -> dict[str, Any]:
+    """``torch.load(path, weights_only=True)``, with an error that names the file when it holds more."""
+    try:
+        return torch.load(path, weights_only=True)
+    except Exception as error:  # pickle refusing an object type, or a damaged file
+        raise RuntimeError(
+            f"{path} cannot be loaded as plain tensors and values ({type(error).__name__}: "
+            f"{str(error).splitlines()[0][:300]}). Trivium loads state files with weights_only=True, so a file "
+            "that needs code to load is refused; was it written by this version of trivium?"
+        ) from error
 
 
 def find_resume_point(run_dir: Path, stage_names: list[str]) -> ResumePoint | None:
