@@ -28,7 +28,7 @@ def test_fsdp2_run_shards_checkpoints_and_hands_plain_weights_to_the_next_stage(
     e2e.write(tmp_path)
     result = trivium_run(make_config(e2e, tmp_path, "fsdp2", "fsdp2", 2))
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stderr.count("strategy fsdp2 on 2 ranks") == 2  # ranks started for each stage
+    assert result.stderr.count("strategy fsdp2 on 2 rank(s)") == 2  # ranks started for each stage
     run_dir = tmp_path / "runs" / "e2e" / "fsdp2"
     for stage, step in (("sft", 4), ("grpo", 2)):
         folder = run_dir / "checkpoints" / stage / f"step_{step}"
@@ -133,3 +133,23 @@ def test_lora_trains_on_two_ddp_ranks(e2e, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     records = read_metrics(tmp_path / "runs" / "e2e" / "lora-ddp")
     assert [r["step"] for r in records if r["stage"] == "grpo" and "train/loss" in r] == [1, 2]
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_run_resumes_on_another_world_size(e2e, tmp_path):
+    """Killed with 2 FSDP2 ranks, continued with 1: the optimizer state is resharded on load."""
+    e2e.write(tmp_path)
+    path = make_config(e2e, tmp_path, "reshard", "fsdp2", 2, grpo_steps=1)
+    assert trivium_run(path, "train:3").returncode == -9  # rank 0 killed in SFT step 3
+    resumed = trivium_run(
+        path, "", "--set", "stages.0.trainer.world_size=1", "--set", "stages.1.trainer.world_size=1"
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "written by trainer.strategy fsdp2 on 2 rank(s); this run trains with fsdp2 on 1" in resumed.stderr
+    steps = [
+        (r["stage"], r["step"])
+        for r in read_metrics(tmp_path / "runs" / "e2e" / "reshard")
+        if "train/loss" in r
+    ]
+    assert steps == [("sft", 1), ("sft", 2), ("sft", 3), ("sft", 4), ("grpo", 1)]

@@ -3,9 +3,12 @@ data under trainer.strategy single, ddp or fsdp2; rank 0 writes every step's los
 final weights.
 
     python tests/trainer/parity_worker.py MODEL_DIR OUT STRATEGY RANK WORLD INIT [LORA]
+
+TRIVIUM_PARITY_DEVICE=cuda runs rank r on cuda:r with NCCL (scripts/gpu_scale_check.sh).
 """
 
 import datetime
+import os
 import sys
 
 import torch
@@ -55,14 +58,24 @@ def batch(seed: int, vocab: int) -> list[Experience]:
 
 def main(model_dir, out, strategy, rank, world, init, use_lora=""):
     rank, world = int(rank), int(world)
-    if world > 1:
+    cuda = os.environ.get("TRIVIUM_PARITY_DEVICE") == "cuda"
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 parity
+        torch.backends.cudnn.allow_tf32 = False
+    if world > 1 or (cuda and strategy != "single"):
         dist.init_process_group(
-            "gloo", init_method=init, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120)
+            "nccl" if cuda else "gloo",
+            init_method=init,
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=120),
         )
     results = {}
     for name, algorithm, settings in SCENARIOS:
         torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
         if use_lora:
             model = lora.attach(model, LoraConfig(rank=4, alpha=8, target_modules="all-linear"))
             with torch.no_grad():  # B starts at 0: make the adapters matter from the first step
@@ -86,18 +99,18 @@ def main(model_dir, out, strategy, rank, world, init, use_lora=""):
             max_response_length=12,
             ref_model=ref,
             reference_is_base=bool(use_lora) and spec.kl_coef > 0,
-            parallel=make_parallel(strategy, torch.device("cpu"), rank, world),
+            parallel=make_parallel(strategy, device, rank, world),
         )
         data = batch(0, model.config.vocab_size)  # the same batch every step: its loss must fall
         steps = []
         for _ in range(STEPS):
             m = trainer.train_step(data)
             steps.append({k: m[k] for k in ("train/loss", "train/grad_norm", "loss/policy")})
-        weights = trainer.export_weights()
+        weights = {k: v.cpu() for k, v in trainer.export_weights().items()}
         results[name] = {"steps": steps, "weights": weights}
     if rank == 0:
         torch.save(results, out)
-    if world > 1:
+    if dist.is_initialized():
         dist.destroy_process_group()
 
 

@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         _backend(device), init_method=args.init, rank=args.rank, world_size=args.world_size, timeout=timeout
     )
     channel = CommandChannel()
+    parent = os.getppid()
     try:
         command, (blueprint,) = channel.receive()
         if command != "build":
@@ -61,6 +62,13 @@ def main(argv: list[str] | None = None) -> int:
             cfg, model, blueprint["pad_token_id"], blueprint["total_steps"], parallel
         )
         follow(trainer, channel, args.rank)
+    except Exception as error:
+        if os.getppid() != parent or _peer_gone(error):  # rank 0 went first: it reports why
+            logging.getLogger(__name__).error(
+                "rank 0 is gone (%s): exiting", str(error).splitlines()[0][:160]
+            )
+            return 1
+        raise
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -85,6 +93,11 @@ def _build_model(blueprint: dict, cfg, device):
     model.eval()
     broadcast_weights(model)
     return model
+
+
+def _peer_gone(error: BaseException) -> bool:
+    text = str(error).lower()
+    return any(word in text for word in ("closed", "reset by peer", "broken pipe", "connection refused"))
 
 
 def _exit_with_parent() -> None:

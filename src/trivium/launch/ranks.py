@@ -121,15 +121,8 @@ class RankGroup:
             raise RankFailed(
                 f"trainer ranks 1..{world - 1} did not join rank 0 at {init}: {error}"
             ) from error
-        pids = ", ".join(str(p.pid) for p in procs)
-        log.info(
-            "trainer: strategy %s on %d ranks (%s; ranks 1..%d are pids %s)",
-            cfg.trainer.strategy,
-            world,
-            device,
-            world - 1,
-            pids,
-        )
+        others = f"; ranks 1..{world - 1} are pids {', '.join(str(p.pid) for p in procs)}" if procs else ""
+        log.info("trainer: strategy %s on %d rank(s) (%s%s)", cfg.trainer.strategy, world, device, others)
         return cls(cfg, procs, channel, make_parallel(cfg.trainer.strategy, device, 0, world))
 
     def share_model(self, model: torch.nn.Module, pad_token_id: int, total_steps: int) -> None:

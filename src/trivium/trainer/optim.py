@@ -70,6 +70,20 @@ class Optimization:
         self.optimizer.zero_grad(set_to_none=True)
         return norm
 
+    def footprint(self) -> dict[str, float]:
+        """Trainable parameters (all ranks together) and this rank's optimizer-state megabytes."""
+        from torch.distributed.tensor import DTensor
+
+        def local(t: torch.Tensor) -> torch.Tensor:
+            return t.to_local() if isinstance(t, DTensor) else t
+
+        state = (local(v) for s in self.optimizer.state.values() for v in s.values() if torch.is_tensor(v))
+        params = (p for group in self.optimizer.param_groups for p in group["params"])
+        return {
+            "train/trainable_params": float(sum(p.numel() for p in params)),
+            "train/optimizer_mb": sum(t.numel() * t.element_size() for t in state) / 2**20,
+        }
+
     def state_dict(self, include_optimizer: bool = True) -> dict:
         """``include_optimizer=False``: leave the optimizer's state out (it is saved in shards elsewhere)."""
         state = {

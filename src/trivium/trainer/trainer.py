@@ -192,6 +192,7 @@ class Trainer:
                 "train/sequences": float(batch.num_seqs),
                 "train/action_tokens": float(batch.loss_mask.sum()),
                 "train/reward_mean": float(batch.rewards.mean()),
+                **self.optim.footprint(),
             }
         )
         return metrics
