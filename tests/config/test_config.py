@@ -221,3 +221,13 @@ def test_lora_with_a_critic_is_refused(data_dir):
         data_dir,
     )
     assert [p.path for p in err.problems] == ["model.lora"]
+
+
+def test_lora_targets_that_match_no_layer_are_a_config_error(data_dir, tiny_model_dir):
+    lora = {"rank": 8, "target_modules": ["q_proj", "query_key"]}
+    err = problems_of(base(model={"path": str(tiny_model_dir), "lora": lora}), data_dir)
+    (p,) = err.problems
+    assert p.path == "model.lora.target_modules" and "['query_key'] match no linear layer" in p.rule
+    assert "q_proj" in p.fix
+    ok = {"path": str(tiny_model_dir), "lora": {"target_modules": ["q_proj", "mlp.down_proj"]}}
+    validate_raw(base(model=ok), data_dir)

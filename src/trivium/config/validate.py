@@ -74,7 +74,58 @@ def check_semantics(cfg: TriviumConfig, prefix: str = "", check_files: bool = Tr
     problems += _check_storage(cfg, at)
     problems += _check_sync_method(cfg, at)
     problems += _check_strategy(cfg, at)
+    problems += _check_lora_targets(cfg, at, check_files)
     return problems
+
+
+def _check_lora_targets(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
+    """model.lora.target_modules against the model's linear layers, from its config alone (a model on the
+    meta device: no weights read). A hub id is not looked up here: loading it checks the names."""
+    lora = cfg.model.lora
+    if lora is None or lora.target_modules == "all-linear" or not check_files:
+        return []
+    names = _linear_layer_names(cfg)
+    if names is None:
+        return []
+    # peft's rule: a target is a module's full name or a dotted suffix of it
+    missing = [t for t in lora.target_modules if not any(n == t or n.endswith("." + t) for n in names)]
+    if not missing:
+        return []
+    leaves = sorted({n.rsplit(".", 1)[-1] for n in names})
+    return [
+        Problem(
+            at("model.lora.target_modules"),
+            lora.target_modules,
+            f"{missing} match no linear layer of the model",
+            f"its linear layers are named {leaves}; or use all-linear",
+        )
+    ]
+
+
+def _linear_layer_names(cfg: TriviumConfig) -> list[str] | None:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+    m = cfg.model
+    if (Path(m.path) / "config.json").is_file():
+        config = AutoConfig.from_pretrained(m.path)
+    elif m.tiny is not None:
+        t = m.tiny
+        kind = Qwen2Config if t.architecture == "qwen2" else LlamaConfig
+        config = kind(
+            hidden_size=t.hidden_size,
+            num_hidden_layers=t.num_layers,
+            num_attention_heads=t.num_heads,
+            num_key_value_heads=t.num_kv_heads,
+            intermediate_size=t.intermediate_size,
+            vocab_size=t.vocab_size,
+        )
+    else:
+        return None
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    head = model.get_output_embeddings()
+    return [n for n, mod in model.named_modules() if isinstance(mod, torch.nn.Linear) and mod is not head]
 
 
 def _check_strategy(cfg: TriviumConfig, at) -> list[Problem]:
