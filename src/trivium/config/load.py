@@ -20,7 +20,7 @@ from trivium.config.errors import ConfigError, Problem, did_you_mean, join_path
 from trivium.config.schema import TriviumConfig
 
 # Top-level keys that a stage may not change: they name the run folder shared by all stages.
-RUN_LEVEL_KEYS = ("project", "name", "checkpoint_root", "stages", "plugins")
+RUN_LEVEL_KEYS = ("project", "name", "checkpoint_root", "stages", "plugins", "runtime")
 
 
 @dataclass(frozen=True)

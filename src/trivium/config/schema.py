@@ -394,6 +394,15 @@ class SynchronizerConfig(StrictModel):
     """What to do with experiences over max_staleness: drop them, or keep them (counted in the metrics)."""
 
 
+class RuntimeConfig(StrictModel):
+    """How this process uses the machine."""
+
+    num_threads: int | None = Field(None, ge=1, le=4096)
+    """CPU threads for torch (and OpenMP / the tokenizer pool of the processes it starts). None: every core.
+    Two runs on one machine that each take every core slow each other down many times over (OpenMP
+    threads wait on each other; 28x measured on 2 cores): give each run cores / runs (docs/sharing.md)."""
+
+
 class MonitorConfig(StrictModel):
     progress_bar: bool = True
     """Show a console progress bar with reward, accuracy and loss."""
@@ -473,6 +482,8 @@ class TriviumConfig(StrictModel):
     """Weight synchronisation from trainer to explorer."""
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     """Metrics and progress display."""
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    """CPU threads of this process (run-level: stages cannot change it)."""
     bench: BenchConfig = Field(default_factory=BenchConfig)
     """What mode bench evaluates."""
     serve: ServeConfig = Field(default_factory=ServeConfig)

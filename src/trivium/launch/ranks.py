@@ -103,7 +103,10 @@ class RankGroup:
         spec = run_dir / "ranks" / f"{stage_name}.json"
         spec.parent.mkdir(parents=True, exist_ok=True)
         spec.write_text(cfg.model_dump_json())
-        env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // world))}
+        # the run's threads are shared by its ranks, rank 0 (this process) included, while the stage lasts
+        threads = cfg.runtime.num_threads or os.cpu_count() or 1
+        env = {**os.environ, "OMP_NUM_THREADS": str(max(1, threads // world))}
+        torch.set_num_threads(max(1, threads // world))
         procs = []
         for rank in range(1, world):
             cmd = [sys.executable, "-m", "trivium.launch.rank", "--config", str(spec), "--rank", str(rank)]
@@ -175,6 +178,7 @@ class RankGroup:
                 p.wait()
         if dist.is_initialized():
             dist.destroy_process_group()
+        torch.set_num_threads(self.cfg.runtime.num_threads or os.cpu_count() or 1)
 
     def _watch(self) -> None:
         """A rank that dies while rank 0 waits in a collective that never fails (NCCL) would hang the run:

@@ -21,6 +21,7 @@ from trivium.config.load import RunConfig, Stage
 from trivium.launch import build, stages
 from trivium.launch.loop import RunState
 from trivium.launch.resume import find_resume_point
+from trivium.launch.runtime import apply_threads
 from trivium.monitor.metrics import METRICS_FILE, MetricsWriter
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,7 @@ def run(run_cfg: RunConfig, overwrite: bool = False, resume: bool = True) -> Pat
     name = "resolved_config.yaml" if not shared else f"resolved_config.{modes}.yaml"
     (run_dir / name).write_text(yaml.safe_dump(resolved, sort_keys=False))
     _quiet_libraries()
+    apply_threads(run_cfg.config.runtime.num_threads)
     _seed_everything(run_cfg.config.seed)
     if not torch.cuda.is_available():
         torch.set_flush_denormal(True)  # denormals slowed CPU training ~3x as weights shrank

@@ -1,0 +1,74 @@
+"""How a run uses the machine's CPU: its thread count, and a warning when another run shares the cores.
+
+PyTorch's CPU kernels run on an OpenMP team as large as the machine. Two processes that each take every
+core do not share well: their threads spin waiting for each other, and a run on 2 cores went from 0.20 s to
+5.7 s per SFT step with a second one beside it. ``runtime.num_threads`` sets this process's team (and,
+through ``OMP_NUM_THREADS``, that of the processes it starts: trainer ranks, vLLM); at start the run says
+how many threads it uses and warns when another Trivium run is on the machine without a limit set.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+__all__ = ["apply_threads", "other_runs"]
+
+
+def apply_threads(num_threads: int | None) -> int:
+    """Set this process's CPU threads (None: every core); returns the number used."""
+    cores = os.cpu_count() or 1
+    threads = num_threads or cores
+    torch.set_num_threads(threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # for the processes this one starts
+    os.environ["RAYON_NUM_THREADS"] = str(threads)  # the Rust tokenizer's pool
+    how = "runtime.num_threads" if num_threads else "every core; set runtime.num_threads to use fewer"
+    log.info("CPU: %d thread(s) of %d core(s) (%s)", threads, cores, how)
+    others = other_runs()
+    if others and num_threads is None:
+        pids = ", ".join(str(pid) for pid in others[:5])
+        log.warning(
+            "another trivium run is on this machine (pid %s) and this one takes every core: the two slow each "
+            "other down many times over. Give each run a share of the %d cores, e.g. --set "
+            "runtime.num_threads=%d (docs/sharing.md)",
+            pids,
+            cores,
+            max(1, cores // (len(others) + 1)),
+        )
+    return threads
+
+
+def other_runs() -> list[int]:
+    """Pids of other ``trivium run`` processes on this machine (Linux /proc; empty elsewhere). Trainer
+    ranks of this run are not counted: they start later and share its threads by design."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return []
+    mine = {os.getpid(), os.getppid()}
+    found = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) in mine:
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # gone, or not ours to read
+            continue
+        words = [a.decode(errors="replace") for a in argv if a]
+        if _is_trivium_run(words):
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def _is_trivium_run(argv: list[str]) -> bool:
+    """``trivium run ...`` or ``python -m trivium.cli run ...``."""
+    for i, word in enumerate(argv):
+        if (word.endswith("/trivium") or word == "trivium" or word == "trivium.cli") and "run" in argv[
+            i + 1 : i + 2
+        ]:
+            return True
+    return False
