@@ -126,13 +126,14 @@ def _cmd_run(args) -> int:
     from trivium.buffer.task_reader import TaskDataError
     from trivium.launch.ranks import RankFailed
     from trivium.launch.run import RunFolderExists, run
+    from trivium.trainer.guard import TrainingDiverged
 
     try:
         run_dir = run(run_cfg, overwrite=args.overwrite, resume=not args.no_resume)
     except (RunFolderExists, TaskDataError) as exc:  # user errors: the message says what to do
         print(exc, file=sys.stderr)
         return 2
-    except RankFailed as exc:  # a trainer rank died: the message says what happened and how to resume
+    except (RankFailed, TrainingDiverged) as exc:  # the message says what happened and what to do
         logging.getLogger("trivium").error("%s", exc)
         return 1
     print(f"run folder: {run_dir}  (plot it: trivium plot {run_dir})")

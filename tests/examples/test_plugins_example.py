@@ -48,7 +48,7 @@ def test_every_plugin_part_is_called_in_a_run(tmp_path, plugin_registries):
 
 
 def test_the_plugin_preset_trains_with_the_plugin_policy_loss(plugin_registries):
-    from trivium.trainer.trainer import AlgorithmSpec
+    from trivium.trainer.spec import AlgorithmSpec
 
     (stage, *_) = load_config(EXAMPLE / "plugins.yaml").stages
     spec = AlgorithmSpec.from_config(stage.config.algorithm)

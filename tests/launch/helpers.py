@@ -21,3 +21,12 @@ def comparable(records):
     """Metric records without the fields that depend on wall time."""
     drop = ("time", "seconds", "per_s")
     return [{k: v for k, v in r.items() if not any(d in k for d in drop)} for r in records]
+
+
+def assert_same_records(got, ref):
+    """The two runs' records are equal but for wall-time fields; a failure names the step and the keys."""
+    got, ref = comparable(got), comparable(ref)
+    assert [(r.get("stage"), r.get("step")) for r in got] == [(r.get("stage"), r.get("step")) for r in ref]
+    for a, b in zip(got, ref):
+        diff = {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+        assert not diff, f"stage {a.get('stage')} step {a.get('step')}: (resumed, reference) {diff}"

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 import yaml
-from tests.launch.helpers import comparable, trivium_run
+from tests.launch.helpers import assert_same_records, trivium_run
 
 from trivium.monitor.metrics import read_metrics
 
@@ -78,7 +78,7 @@ def test_a_killed_rank_stops_the_run_and_a_rerun_resumes_it_exactly(e2e, tmp_pat
     assert "resuming from" in resumed.stderr and "step_2" in resumed.stderr
     got = read_metrics(tmp_path / "runs" / "e2e" / "killed")
     ref = read_metrics(tmp_path / "runs" / "e2e" / "reference")
-    assert comparable(got) == comparable(ref)
+    assert_same_records(got, ref)
 
 
 def lora_config(e2e, folder, name, strategy="single", world_size=1):
@@ -107,9 +107,7 @@ def test_lora_stages_checkpoint_adapters_resume_exactly_and_bench_merged(e2e, tm
     resumed = trivium_run(path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     run_dir = tmp_path / "runs" / "e2e" / "lora"
-    assert comparable(read_metrics(run_dir)) == comparable(
-        read_metrics(tmp_path / "runs" / "e2e" / "lora-reference")
-    )
+    assert_same_records(read_metrics(run_dir), read_metrics(tmp_path / "runs" / "e2e" / "lora-reference"))
     adapter = run_dir / "checkpoints" / "grpo" / "step_2" / "model"
     assert (adapter / "adapter_config.json").exists() and not (adapter / "model.safetensors").exists()
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(run_dir / "base_model"), adapter)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import yaml
-from tests.launch.helpers import comparable, trivium_run
+from tests.launch.helpers import assert_same_records, trivium_run
 
 from trivium.buffer.storage_sql import SqlStorage
 from trivium.monitor.metrics import read_metrics
@@ -48,7 +48,7 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(e2e, tmp_path):
     ref = read_metrics(tmp_path / "runs" / "e2e" / "reference")
     got = read_metrics(run_dir)
     assert [(r["stage"], r["step"]) for r in got] == [(r["stage"], r["step"]) for r in ref]
-    assert comparable(got) == comparable(ref)
+    assert_same_records(got, ref)
 
     storage = SqlStorage(run_dir / "buffer.sqlite")
     per_step = 8 * 8

@@ -18,7 +18,8 @@ from transformers import AutoModelForCausalLM
 from trivium.config.schema import AlgorithmConfig, KLLossConfig, LoraConfig, TrainerConfig
 from trivium.models import lora
 from trivium.trainer.parallel import make_parallel
-from trivium.trainer.trainer import AlgorithmSpec, Trainer
+from trivium.trainer.spec import AlgorithmSpec
+from trivium.trainer.trainer import Trainer
 from trivium.types import Experience
 
 STEPS = 5

@@ -12,7 +12,8 @@ from trivium.models.protocol import SamplingParams
 from trivium.models.transformers_engine import TransformersEngine
 from trivium.trainer.checkpoint import prune_checkpoints, save_checkpoint
 from trivium.trainer.optim import lr_factor
-from trivium.trainer.trainer import AlgorithmSpec, Trainer
+from trivium.trainer.spec import AlgorithmSpec
+from trivium.trainer.trainer import Trainer
 from trivium.types import Experience
 
 

@@ -361,6 +361,15 @@ class TrainerConfig(StrictModel):
     """Rows per forward/backward pass; the loss does not depend on it (global denominators)."""
     pack_length: int | None = Field(None, ge=1)
     """Pack sequences into rows of this many tokens instead of padding each to the longest."""
+    max_abs_reward: float = Field(1e6, gt=0)
+    """Experiences whose reward is non-finite or larger than this in magnitude are dropped before training
+    (counted in train/dropped_experiences): one absurd reward must not poison the weights."""
+    skip_grad_norm: float = Field(1e6, gt=0)
+    """An optimizer update whose gradient norm (before clipping) is non-finite or above this is not made
+    (train/skipped_updates); the weights stay the last good ones."""
+    max_bad_steps: int = Field(3, ge=1)
+    """Stop the run after this many train steps in a row with skipped updates or dropped-to-nothing batches
+    (the newest checkpoint holds the last good weights)."""
     save_interval: int = Field(0, ge=0)
     """Save a checkpoint every this many steps (and always at the end); 0 = only at the end."""
     keep_checkpoints: int = Field(2, ge=1)

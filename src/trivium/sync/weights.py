@@ -17,6 +17,7 @@ import torch
 __all__ = [
     "WeightSyncError",
     "cast_floating",
+    "check_finite",
     "check_loaded",
     "floating_dtype",
     "untie",
@@ -67,6 +68,17 @@ def check_loaded(engine, expected: str, version: int, source: str) -> None:
             f"the sent weights' {expected[:12]} after loading. The two models differ in structure or dtype "
             "(a different model.path on the two sides?), or the weights were damaged on the way"
         )
+
+
+def check_finite(state: Mapping[str, torch.Tensor], version: int, where: str) -> None:
+    """Raise ``WeightSyncError`` when a floating-point weight holds NaN or inf: such a version is never
+    published or loaded (every sample of it would be garbage; the trainer's guard should have stopped it)."""
+    for name, t in state.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise WeightSyncError(
+                f"weights version {version} ({where}): {name} holds NaN or inf; the version is refused. The "
+                "trainer skips non-finite updates (trainer.skip_grad_norm): was it written by something else?"
+            )
 
 
 def untie(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

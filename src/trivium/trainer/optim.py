@@ -46,6 +46,7 @@ class Optimization:
         self.optimizer = build_optimizer(model.parameters(), self.cfg)
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
         self.planned_updates = 0
+        self.skipped = 0  # updates not made: a non-finite or absurd gradient norm
 
     def plan(self, total_updates: int) -> None:
         if self.scheduler is None:
@@ -57,7 +58,10 @@ class Optimization:
         return self.scheduler.get_last_lr()[0] if self.scheduler is not None else self.cfg.lr
 
     def step(self) -> float:
-        """Clip, step, advance the schedule, zero the gradients; returns the gradient norm before clipping."""
+        """Clip, step, advance the schedule, zero the gradients; returns the gradient norm before clipping.
+
+        A norm that is non-finite or above ``trainer.skip_grad_norm`` makes no update (the optimizer and
+        the schedule stay where they were, ``skipped`` counts it): see ``guard.py``."""
         if self.scheduler is None:
             raise RuntimeError("Optimization.plan(total_updates) must be called before the first step")
         params = [p for p in self.model.parameters() if p.grad is not None]
@@ -65,8 +69,11 @@ class Optimization:
         if params:
             max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
             norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-        self.optimizer.step()
-        self.scheduler.step()
+        if math.isfinite(norm) and norm <= self.cfg.skip_grad_norm:
+            self.optimizer.step()
+            self.scheduler.step()
+        else:
+            self.skipped += 1
         self.optimizer.zero_grad(set_to_none=True)
         return norm
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,6 @@ from trivium.algorithm import (
     AdvantageInputs,
     PolicyLossInputs,
     actor_loss,
-    get_preset,
     loss_scale,
 )
 from trivium.algorithm.advantages_critic import gae_with_returns
@@ -36,54 +34,15 @@ from trivium.algorithm.rewards_shaping import (
     outcome_token_rewards,
     overlong_penalty,
 )
-from trivium.config.schema import AlgorithmConfig, OverlongPenaltyConfig, TrainerConfig
+from trivium.config.schema import OverlongPenaltyConfig, TrainerConfig
 from trivium.trainer.critic import Critic
+from trivium.trainer.guard import NumericGuard
 from trivium.trainer.logprobs import batched_logprobs, forward_logprobs
 from trivium.trainer.model_io import SHARDS_DIR, export_weights, save_model
 from trivium.trainer.optim import Optimization
 from trivium.trainer.parallel import Parallel
+from trivium.trainer.spec import AlgorithmSpec
 from trivium.types import Experience, TrainBatch, collate
-
-
-@dataclass(frozen=True)
-class AlgorithmSpec:
-    """An algorithm preset with the user's overrides applied: the parts the trainer calls."""
-
-    name: str
-    advantage_fn: str | None
-    advantage_args: dict[str, Any] = field(default_factory=dict)
-    policy_loss_fn: str = "ppo_clip"
-    policy_loss_args: dict[str, Any] = field(default_factory=dict)
-    aggregation: str = "token-mean"
-    kl_coef: float = 0.0
-    kl_estimator: str = "k3"
-    needs_old_logprobs: bool = True  # False for offline losses (SFT): skips a forward pass per step
-    advantage_requires: frozenset[str] = frozenset()  # optional AdvantageInputs the advantage reads
-    entropy_coef: float = 0.0
-    rollout_is_cap: float = 0.0  # truncated IS for the sampling policy (0 = off)
-
-    @classmethod
-    def from_config(cls, cfg: AlgorithmConfig) -> AlgorithmSpec:
-        preset = get_preset(cfg.algorithm_type)
-        adv = cfg.advantage_fn or preset.advantage_fn
-        loss = cfg.policy_loss_fn or preset.policy_loss_fn
-        critic_args = {"gamma": cfg.critic.gamma, "lam": cfg.critic.lam} if preset.needs_critic else {}
-        return cls(
-            name=preset.name,
-            advantage_fn=adv,
-            advantage_args={**preset.args_for("advantage", adv), **critic_args, **cfg.advantage_args},
-            policy_loss_fn=loss,
-            policy_loss_args={**preset.args_for("policy_loss", loss), **cfg.policy_loss_args},
-            aggregation=cfg.loss_agg_mode or preset.aggregation,
-            kl_coef=cfg.kl_loss.coef,
-            kl_estimator=cfg.kl_loss.estimator,
-            needs_old_logprobs=preset.needs_rollouts,
-            advantage_requires=frozenset(getattr(ADVANTAGE_FNS.get(adv), "requires", ()))
-            if adv
-            else frozenset(),
-            entropy_coef=cfg.entropy_coef,
-            rollout_is_cap=cfg.rollout_is_cap,
-        )
 
 
 class Trainer:
@@ -137,12 +96,16 @@ class Trainer:
         self.kl_penalty_estimator = kl_penalty_estimator
         self.overlong = overlong
         self.optim = Optimization(self.model, cfg)  # its schedule is planned on the first step
+        self.guard = NumericGuard(cfg.max_abs_reward, cfg.max_bad_steps)
         self.total_steps = total_steps
         self.step = 0
         self.generator = torch.Generator().manual_seed(seed)
 
     def train_step(self, experiences: Sequence[Experience]) -> dict[str, float]:
         t0 = time.perf_counter()
+        experiences, dropped = self.guard.rewards(experiences)
+        if not experiences:
+            return self._skipped_step(t0, dropped, "every experience had a non-finite or absurd reward")
         self.model.eval()
         batch = collate(experiences, self.pad_token_id, self.cfg.pack_length).to(self.device)
         minis = self._mini_batches(batch)
@@ -167,6 +130,9 @@ class Trainer:
         if self.algorithm.rollout_is_cap > 0:
             advantages, m = self._rollout_correction(batch, old_lp, advantages)
             metrics.update(m)
+        if not bool(torch.isfinite(advantages).all()):
+            return self._skipped_step(t0, dropped, "the advantages are not finite")
+        skipped_before = self.optim.skipped
         seen_lp = torch.zeros_like(batch.rollout_logprobs)  # log-probs of the first pass, for the mismatch
         sums: dict[str, float] = {}
         updates = 0
@@ -185,8 +151,14 @@ class Trainer:
                 self.parallel.sum_(seen_lp)
             metrics.update(self._mismatch_metrics(batch, seen_lp if old_lp is None else old_lp))
         self.step += 1
+        skipped = self.optim.skipped - skipped_before
+        self.guard.step_done(
+            self.step, f"{skipped} update(s) with a non-finite or absurd gradient norm" if skipped else None
+        )
         metrics.update(
             {
+                "train/skipped_updates": float(skipped),
+                "train/dropped_experiences": float(dropped),
                 "train/lr": self.optim.lr,
                 "train/step_seconds": time.perf_counter() - t0,
                 "train/sequences": float(batch.num_seqs),
@@ -196,6 +168,16 @@ class Trainer:
             }
         )
         return metrics
+
+    def _skipped_step(self, t0: float, dropped: int, why: str) -> dict[str, float]:
+        """A step that makes no update (see ``guard.py``); it still counts as a step."""
+        self.step += 1
+        self.guard.step_done(self.step, why)
+        return {
+            "train/skipped_steps": 1.0,
+            "train/dropped_experiences": float(dropped),
+            "train/step_seconds": time.perf_counter() - t0,
+        }
 
     def _rollout_correction(self, batch: TrainBatch, old_lp: torch.Tensor, advantages: torch.Tensor):
         """Truncated importance sampling for the sampling policy: A ← A · min(π_old / π_rollout, cap).
