@@ -126,6 +126,7 @@ def _cmd_run(args) -> int:
     from trivium.buffer.task_reader import TaskDataError
     from trivium.launch.ranks import RankFailed
     from trivium.launch.run import RunFolderExists, run
+    from trivium.launch.stopping import RunStopped
     from trivium.trainer.guard import TrainingDiverged
 
     try:
@@ -136,6 +137,9 @@ def _cmd_run(args) -> int:
     except (RankFailed, TrainingDiverged) as exc:  # the message says what happened and what to do
         logging.getLogger("trivium").error("%s", exc)
         return 1
+    except RunStopped as exc:  # SIGTERM / Ctrl-C: a checkpoint was written, a rerun continues
+        logging.getLogger("trivium").warning("%s", exc)
+        return 130 if "SIGINT" in str(exc) else 143
     print(f"run folder: {run_dir}  (plot it: trivium plot {run_dir})")
     return 0
 

@@ -26,6 +26,7 @@ from trivium.config.load import Stage
 from trivium.faults import maybe_die
 from trivium.launch import build
 from trivium.launch.resume import ResumePoint
+from trivium.launch.stopping import RunStopped, StopRequests
 from trivium.monitor.metrics import MetricsWriter, Progress
 from trivium.sync.versions import is_sync_step
 from trivium.trainer.checkpoint import prune_checkpoints, save_checkpoint
@@ -122,7 +123,11 @@ class StepEnd:
     explorer: Any = None  # evaluates the eval task sets when due; None: no evaluation
     eval_sync: Any = None
 
-    def __call__(self, step: int, record: dict, *, evaluate=True, resume=None, on_saved=None) -> None:
+    def __call__(
+        self, step: int, record: dict, *, evaluate=True, resume=None, on_saved=None, save=False
+    ) -> Path | None:
+        """End step ``step``; returns the checkpoint folder when one was written (``save``: whatever the
+        interval says)."""
         cfg, state = self.stage.config, self.state
         if evaluate and self.explorer is not None and eval_due(cfg, step, self.total):
             if self.eval_sync is not None and self.explorer.model.version != state.version:
@@ -134,7 +139,8 @@ class StepEnd:
             {"stage": self.stage.name, "step": step, "global_step": state.global_step, **record}
         )
         self.progress.update(record)
-        if step == self.total or (cfg.trainer.save_interval and step % cfg.trainer.save_interval == 0):
+        due = step == self.total or (cfg.trainer.save_interval and step % cfg.trainer.save_interval == 0)
+        if save or due:
             folder = self.run_dir / "checkpoints" / self.stage.name / f"step_{step}"
             meta = {
                 "stage": self.stage.name,
@@ -149,6 +155,8 @@ class StepEnd:
             prune_checkpoints(folder.parent, cfg.trainer.keep_checkpoints)
             if on_saved is not None:
                 on_saved()
+            return folder
+        return None
 
 
 def train_loop(
@@ -157,25 +165,11 @@ def train_loop(
     """Train steps ``done + 1 .. end_step.total``; the one loop of every mode that trains.
 
     ``source`` gives each step's batch (``sources.py``), ``sync`` (None: nothing to publish to) takes the
-    weights after every ``sync_interval`` steps and after the last."""
-    state, total = end_step.state, end_step.total
+    weights after every ``sync_interval`` steps and after the last. SIGTERM or Ctrl-C ends the loop after
+    the step in flight, with its checkpoint (``stopping.py``)."""
     try:
-        for step in range(done + 1, total + 1):
-            batch, record = source.next(step, trainer_version=start_version + step - 1)
-            record.update(trainer.train_step(batch) if batch else {"train/skipped_steps": 1.0})
-            maybe_die("train", step)
-            if is_sync_step(step, sync_interval, total):
-                state.version = start_version + step
-                if sync is not None:
-                    record.update(sync.publish(trainer.export_weights(sync.wire_dtype), state.version))
-            end_step(
-                step,
-                record,
-                evaluate=source.eval_in_loop(step),
-                resume=source.resume_state(),
-                on_saved=source.checkpointed,
-            )
-            source.after_step(step, step < total and eval_due(end_step.stage.config, step, total))
+        with StopRequests() as stop:
+            _steps(end_step, source, trainer, sync, stop, done, start_version, sync_interval)
     finally:
         try:
             source.close()
@@ -183,3 +177,30 @@ def train_loop(
             if sync is not None:
                 sync.close()
     end_step.progress.close()
+
+
+def _steps(end_step, source, trainer, sync, stop, done, start_version, sync_interval) -> None:
+    """The steps of ``train_loop``; a stop request ends them after a step, its checkpoint written."""
+    state, total = end_step.state, end_step.total
+    for step in range(done + 1, total + 1):
+        batch, record = source.next(step, trainer_version=start_version + step - 1)
+        record.update(trainer.train_step(batch) if batch else {"train/skipped_steps": 1.0})
+        maybe_die("train", step)
+        if is_sync_step(step, sync_interval, total):
+            state.version = start_version + step
+            if sync is not None:
+                record.update(sync.publish(trainer.export_weights(sync.wire_dtype), state.version))
+        saved = end_step(
+            step,
+            record,
+            evaluate=source.eval_in_loop(step),
+            resume={"start_version": start_version, **source.resume_state()},
+            on_saved=source.checkpointed,
+            save=stop.requested is not None,
+        )
+        if stop.requested is not None and step < total:
+            raise RunStopped(
+                f"stopped by {stop.requested} after step {step} of stage {end_step.stage.name}; its "
+                f"checkpoint is {saved}: run the same command again to continue from it"
+            )
+        source.after_step(step, step < total and eval_due(end_step.stage.config, step, total))

@@ -11,6 +11,7 @@ import argparse
 import datetime
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -29,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, format=f"%(asctime)s %(levelname)s rank {args.rank} %(name)s: %(message)s"
     )
     _exit_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches every rank: rank 0 decides when to stop
 
     import torch
     import torch.distributed as dist

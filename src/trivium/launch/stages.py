@@ -43,7 +43,7 @@ def online_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunS
     explorer = build.make_explorer(cfg, state, taskset, experiences.feed, run_dir / "failures.jsonl")
     with _stage_trainer(stage, run_dir, state, total) as trainer:  # after the explorer: FSDP2 shards in place
         sync = build_weight_sync(cfg, run_dir, "trainer", engine=explorer.model)
-        start_version = state.version - done
+        start_version = _start_version(state, done, saved)
         ahead = None
         if s.sync_offset > 0:  # the explorer runs ahead in its own thread
             from trivium.launch.overlap import ExplorerThread
@@ -105,7 +105,7 @@ def storage_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: Run
         if saved is not None:
             trainer.load_state_dict(saved, folder)
         source.load(saved["resume"] if saved is not None else {})  # hands back a killed process's claims
-        start_version = state.version - done
+        start_version = _start_version(state, done, saved)
         # method memory: no rollout process follows the weights (an explore process generating data only)
         sync = None
         if s.method != "memory":
@@ -160,7 +160,13 @@ def dataset_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: Run
             eval_at_start(cfg, explorer, stage, writer, state, progress)
         # every optimizer step is a weights version (the evaluation engine catches up when it evaluates)
         train_loop(
-            end_step, source, trainer, None, done=done, start_version=state.version - done, sync_interval=1
+            end_step,
+            source,
+            trainer,
+            None,
+            done=done,
+            start_version=_start_version(state, done, saved),
+            sync_interval=1,
         )
 
 
@@ -184,6 +190,14 @@ def _stage_trainer(stage: Stage, run_dir: Path, state: RunState, total: int):
         ranks.close()
     final = run_dir / "checkpoints" / stage.name / f"step_{total}" / "model"
     state.model, _ = build.load_policy(str(final), cfg)
+
+
+def _start_version(state: RunState, done: int, saved: dict | None) -> int:
+    """The weights version the stage started from: recorded in the checkpoint resumed from (its step need
+    not be a sync step), else the version now."""
+    if saved is None:
+        return state.version
+    return saved["resume"].get("start_version", state.version - done)
 
 
 def _experience_source(cfg, run_dir: Path, state: RunState, per_step: int) -> ExperienceSource:
