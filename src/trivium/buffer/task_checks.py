@@ -4,7 +4,9 @@ Every row is checked at load time, so a bad row fails the run before the first r
 problems are collected first and reported in one error (the first few in full, the rest counted).
 
 Rules, per required field: the value is present and not null; its type is one of the allowed types (a
-bool never passes as an int unless bool is allowed); a text value is not empty or whitespace-only.
+bool never passes as an int unless bool is allowed); a text value is not empty or whitespace-only. A row
+the file reader could not turn into an object (``task_files``: not UTF-8, not JSON, not an object, nested
+too deep) is an ``unreadable`` problem of the whole row.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from trivium.buffer.task_files import RowLocation
 
 __all__ = ["FieldSpec", "RowProblem", "check_row", "describe_problems", "field_specs", "missing_columns"]
 
-Rule = Literal["missing", "type", "empty"]
+Rule = Literal["missing", "type", "empty", "unreadable"]
 _SHOWN = 5  # problems quoted in full in one error
 
 
@@ -32,15 +34,19 @@ class FieldSpec:
 @dataclass(frozen=True)
 class RowProblem:
     index: int  # row index in the task set
-    spec: FieldSpec
+    spec: FieldSpec | None  # None for an unreadable row
     rule: Rule
-    value: Any = None
+    value: Any = None  # unreadable: (kind, why) from the file reader
 
     @property
     def reason(self) -> str:
+        if self.spec is None:
+            return f"row: {self.value[0]}"
         return f"{self.spec.field}: {self.rule}"
 
     def describe(self, where: RowLocation) -> str:
+        if self.spec is None:
+            return f"{where} {self.value[1]}"
         f, col = self.spec.field, self.spec.column
         head = f"{where}: field {f!r} (column {col!r})"
         if self.rule == "missing":
