@@ -177,3 +177,29 @@ def test_run_exits_2_on_a_bad_task_file(folder, capsys):
     code = cli(["run", "-c", str(folder / "c.yaml"), "--set", f"checkpoint_root={folder / 'runs'}"])
     err = capsys.readouterr().err
     assert code == 2 and "nests values 10000 levels deep" in err
+
+
+SERVE = ["mode=serve", "buffer.storage={}", "synchronizer.method=checkpoint", "buffer.total_steps=1"]
+
+
+def test_serve_on_an_open_host_needs_an_api_key(folder, monkeypatch):
+    (p,) = problems(folder / "c.yaml", [*SERVE, "serve.host=0.0.0.0"])
+    assert p.path == "serve.host" and "no API key is set" in p.rule
+    monkeypatch.setenv("TRIVIUM_TEST_KEY", "   ")
+    (p,) = problems(folder / "c.yaml", [*SERVE, "serve.host=0.0.0.0", "serve.api_key_env=TRIVIUM_TEST_KEY"])
+    assert p.path == "serve.api_key_env" and "only whitespace" in p.rule
+    monkeypatch.setenv("TRIVIUM_TEST_KEY", "s3cret")
+    load_config(folder / "c.yaml", [*SERVE, "serve.host=0.0.0.0", "serve.api_key_env=TRIVIUM_TEST_KEY"])
+    load_config(folder / "c.yaml", [*SERVE, "serve.host=::1"])  # loopback needs no key
+
+
+def test_serve_limits_and_reward_bounds(folder):
+    (p,) = problems(folder / "c.yaml", [*SERVE, "serve.reward_min=1", "serve.reward_max=1"])
+    assert p.path == "serve.reward_min" and "below serve.reward_max" in p.rule
+    (p,) = problems(folder / "c.yaml", [*SERVE, "serve.reward_max=.inf"])
+    assert p.path == "serve.reward_max" and "finite" in p.rule
+    run = load_config(folder / "c.yaml", [*SERVE, "serve.max_n=4", "serve.split_n=2"])
+    from trivium.serve.limits import ServeLimits
+
+    limits = ServeLimits.from_config(run.stages[0].config.serve)
+    assert (limits.max_n, limits.split_n, limits.max_body_bytes) == (4, 2, 4 << 20)

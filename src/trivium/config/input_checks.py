@@ -7,6 +7,7 @@ data files (``trivium check-config`` runs it; ``trivium run`` reads them anyway 
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 from trivium.config.errors import Problem, join_path
 from trivium.config.schema import MIN_TEMPERATURE, TaskSetConfig, TriviumConfig
 
-__all__ = ["check_data_files", "check_environments", "check_paths", "check_values"]
+__all__ = ["check_data_files", "check_environments", "check_paths", "check_values", "is_loopback"]
 
 MAX_PATH_BYTES = 4096  # PATH_MAX on Linux
 MAX_NAME_BYTES = 255  # NAME_MAX: one file or folder name
@@ -173,3 +174,13 @@ def check_data_files(cfg: TriviumConfig, prefix: str = "") -> list[Problem]:
                 Problem(at(field + ".path"), section.path, str(exc), "fix the file or the field mapping")
             )
     return out
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or ``localhost``) only accepts connections from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -407,7 +407,7 @@ class ServeConfig(StrictModel):
     """Mode serve: the OpenAI-compatible endpoint over the current policy (see docs/serve.md)."""
 
     host: str = "127.0.0.1"
-    """Interface to listen on; 0.0.0.0 serves other machines (set api_key_env then)."""
+    """Interface to listen on; 0.0.0.0 serves other machines (api_key_env is required then)."""
     port: int = Field(0, ge=0, le=65535)
     """Port; 0 = a free one. The chosen URL is written to serve.json in the run folder."""
     api_key_env: str = ""
@@ -421,6 +421,29 @@ class ServeConfig(StrictModel):
     keep_calls: int = Field(1000, ge=1, le=COUNT_MAX)
     """Calls kept in memory so that a chat continuing an earlier one reuses its sampled token ids; the
     oldest are dropped after this many (every call is in the buffer already)."""
+    max_body_bytes: int = Field(4 << 20, ge=1024, le=1 << 30)
+    """Largest request body accepted (413 beyond), checked while it is read, before it is parsed."""
+    max_json_depth: int = Field(64, ge=4, le=1000)
+    """Deepest JSON nesting of a request body (e.g. tool schemas); 400 beyond, checked before parsing."""
+    body_timeout_s: float = Field(30.0, gt=0, le=SECONDS_MAX)
+    """A request body must arrive within this many seconds (408 otherwise): slow senders hold no worker."""
+    max_n: int = Field(128, ge=1, le=COUNT_MAX)
+    """Most choices (n) one request may ask for (400 beyond)."""
+    split_n: int = Field(8, ge=1, le=COUNT_MAX)
+    """Samples generated per turn: a request for more is split, and its turns alternate with other requests'
+    in one FIFO line, so one big request cannot hold the engine while small ones wait."""
+    max_tokens: int | None = Field(None, ge=1, le=COUNT_MAX)
+    """Cap on a request's max_tokens (a larger one is lowered to it); None: the model's context."""
+    max_concurrent: int = Field(64, ge=1, le=100_000)
+    """Turns generating at once (merged into one engine batch); more wait in line."""
+    queue_timeout_s: float = Field(60.0, gt=0, le=SECONDS_MAX)
+    """A turn waiting longer than this in line is answered 503 (Retry-After) instead."""
+    request_timeout_s: float = Field(600.0, gt=0, le=SECONDS_MAX)
+    """A request still generating after this long stops at its next turn (504); a turn is never cut."""
+    reward_min: float = -1e6
+    """Smallest reward POST /feedback accepts (400 below): one absurd reward would swamp a batch."""
+    reward_max: float = 1e6
+    """Largest reward POST /feedback accepts (400 above)."""
 
 
 class TriviumConfig(StrictModel):

@@ -9,9 +9,16 @@ Design decisions (request handling itself: ``service.py``):
   on the event loop, so health checks and other agents' requests stay served while a batch decodes.
   With a ``BatchingRolloutModel``, concurrent requests (from outside any ``worker()`` context) join a
   batch within its ``max_wait_s``; with a bare engine they run one after another under its lock.
-- ``/health`` is open; every ``/v1`` route needs ``Authorization: Bearer <api_key>`` when a key is set.
+- ``/health`` is open (it also says how many generation turns run and wait); every ``/v1`` route needs
+  ``Authorization: Bearer <api_key>`` when a key is set. Keys are compared in constant time; a key that is
+  empty or whitespace is refused at start, and so is a host other than loopback without a key: a server
+  reachable from the network must not serve (and record) anybody's traffic.
+- Limits (``limits.py``): bodies are bounded in size, read time and JSON nesting before parsing;
+  generation runs in fair turns; see ``ServeLimits``.
 - Every error is ``{"error": {"message", "type", "param"}}`` with a 4xx status for bad requests (401 for a
-  missing key, 404 for unknown sessions or routes) and 500 for failures of the server; the server stays up.
+  missing key, 404 for unknown sessions or routes, 408/413 for slow or large bodies), 503 when the server
+  is too busy, and 500 for failures of the server (logged with the last frames of the traceback only); the
+  server stays up.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import logging
 import socket
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,7 +38,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from trivium.config.input_checks import is_loopback
 from trivium.models.protocol import SamplingParams
+from trivium.serve.limits import BodyLimit, ServeLimits
 from trivium.serve.recorder import Recorder
 from trivium.serve.schemas import (
     ChatCompletionRequest,
@@ -54,24 +64,35 @@ def create_app(
     api_key: str | None = None,
     default_params: SamplingParams | None = None,
     extra_routes: Sequence[tuple[str, Callable[..., Any], Sequence[str]]] = (),
+    limits: ServeLimits | None = None,
 ) -> FastAPI:
     """A FastAPI app serving ``model`` (a RolloutModel: ``.tokenizer``, ``.version``, ``.generate``).
 
     Without ``recorder`` nothing is recorded and ``/sessions/...`` routes answer 404. Serving the app with
     your own server? Call ``recorder.bind(root_url, api_key)`` so that ``session.client()`` knows the URL.
     ``extra_routes``: ``(path, endpoint, methods)`` served like the ``/v1`` routes (API key, error format),
-    e.g. serve mode's ``POST /feedback``.
+    e.g. serve mode's ``POST /feedback``. ``limits``: ``ServeLimits()`` when None.
     """
-    service = Service(model, model_name, recorder, default_params)
+    _check_key(api_key)
+    limits = limits or ServeLimits()
+    service = Service(model, model_name, recorder, default_params, limits)
     app = FastAPI(title=f"trivium: {model_name}")
     app.state.service = service
+    app.add_middleware(BodyLimit, limits=limits)
     _install_error_handlers(app)
     auth = [Depends(_auth_check(api_key))]
 
     @app.get("/health")
     def health() -> dict[str, Any]:
         sessions = 0 if recorder is None else len(recorder.sessions)
-        return {"status": "ok", "model": model_name, "version": model.version, "sessions": sessions}
+        turns = {"running": service.gate.running, "waiting": service.gate.waiting}
+        return {
+            "status": "ok",
+            "model": model_name,
+            "version": model.version,
+            "sessions": sessions,
+            "turns": turns,
+        }
 
     def models() -> dict[str, Any]:
         entry = {"id": model_name, "object": "model", "created": service.started, "owned_by": "trivium"}
@@ -108,6 +129,14 @@ def create_app(
 
 
 # ------------------------------------------------------------------------------------------ HTTP plumbing
+def _check_key(api_key: str | None) -> None:
+    if api_key is not None and not api_key.strip():
+        raise ValueError(
+            "api_key is empty or whitespace: anybody could send it. Use a real key (e.g. `openssl rand -hex 32`) "
+            "or api_key=None to serve without one on loopback"
+        )
+
+
 def _auth_check(api_key: str | None):
     def check(request: Request) -> None:
         if api_key is None:
@@ -126,7 +155,8 @@ def _auth_check(api_key: str | None):
 def _error(status: int, message: str, param: str | None = None, kind: str = "") -> JSONResponse:
     kind = kind or ("invalid_request_error" if status < 500 else "server_error")
     body = ErrorResponse(error=ErrorDetail(message=message, type=kind, param=param))
-    return JSONResponse(body.model_dump(), status_code=status)
+    headers = {"Retry-After": "5"} if status == 503 else None  # busy: come back soon
+    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
 
 def _install_error_handlers(app: Any) -> None:
@@ -164,8 +194,10 @@ def _install_error_handlers(app: Any) -> None:
 
     @app.exception_handler(Exception)
     async def crashed(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("request %s %s failed", request.method, request.url.path)
-        return _error(500, f"the server failed on this request: {type(exc).__name__}: {exc}")
+        # The last frames say where it failed; a RecursionError's thousand frames would flood the log.
+        frames = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-20))
+        log.error("request %s %s failed:\n%s", request.method, request.url.path, frames[-20_000:])
+        return _error(500, f"the server failed on this request: {type(exc).__name__}: {str(exc)[:500]}")
 
 
 # ------------------------------------------------------------------------------------------ server
@@ -189,7 +221,14 @@ class OpenAIServer:
         port: int = 0,
         log_level: str = "warning",
         extra_routes: Sequence[tuple[str, Callable[..., Any], Sequence[str]]] = (),
+        limits: ServeLimits | None = None,
     ):
+        if api_key is None and not is_loopback(host):
+            raise ValueError(
+                f"host {host!r} accepts connections from other machines, and no api_key is set: anybody could "
+                "use the model and write into its training data. Set an api_key (serve.api_key_env), or serve "
+                "on 127.0.0.1"
+            )
         self.app = create_app(
             model,
             model_name=model_name,
@@ -197,6 +236,7 @@ class OpenAIServer:
             api_key=api_key,
             default_params=default_params,
             extra_routes=extra_routes,
+            limits=limits,
         )
         self.recorder, self.api_key = recorder, api_key
         self.host, self.port, self.log_level = host, port, log_level
