@@ -166,3 +166,10 @@ def test_paths_with_nul_or_too_long(tmp_path):
 def test_text_depth_matches_the_parsed_depth(text, depth):
     assert text_depth(text) == depth
     assert value_depth(json.loads(text), 1000) == depth
+
+
+def test_a_lone_surrogate_in_a_text_field_is_a_row_problem(tmp_path):
+    path = write(tmp_path, good_line() + b'{"question": "a\\ud800b", "answer": "1"}\n')
+    with pytest.raises(TaskDataError, match=r"row 1 \(line 2\): field 'question'.*lone UTF-16 surrogate"):
+        reader(path)
+    assert reader(path, on_bad_row="skip").skip_reasons == {"question: surrogate": 1}

@@ -242,3 +242,15 @@ def test_feedback_rewards_outside_the_bounds_are_400(engine, tmp_path, raw_http)
             assert status == 404  # within the bounds: on to the lookup, which finds no such call
     finally:
         storage.close()
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "where"),
+    [
+        ("completions", {"prompt": "\ud800"}, "prompt"),
+        ("chat/completions", {"messages": [{"role": "user", "content": "a\udfffb"}]}, "messages.0.content"),
+    ],
+)
+def test_lone_surrogates_are_400_not_500(server, raw_http, route, body, where):
+    status, reply = raw_http("POST", f"{server.base_url}/{route}", {**body, "max_tokens": 2}, KEY)
+    refused(reply, status, 400, "body", f"{where} holds a lone UTF-16 surrogate")

@@ -4,7 +4,8 @@ Every row is checked at load time, so a bad row fails the run before the first r
 problems are collected first and reported in one error (the first few in full, the rest counted).
 
 Rules, per required field: the value is present and not null; its type is one of the allowed types (a
-bool never passes as an int unless bool is allowed); a text value is not empty or whitespace-only. A row
+bool never passes as an int unless bool is allowed); a text value is not empty or whitespace-only and is
+real Unicode (no lone UTF-16 surrogate, which JSON can escape but no tokenizer takes). A row
 the file reader could not turn into an object (``task_files``: not UTF-8, not JSON, not an object, nested
 too deep) is an ``unreadable`` problem of the whole row.
 """
@@ -20,7 +21,7 @@ from trivium.buffer.task_files import RowLocation
 
 __all__ = ["FieldSpec", "RowProblem", "check_row", "describe_problems", "field_specs", "missing_columns"]
 
-Rule = Literal["missing", "type", "empty", "unreadable"]
+Rule = Literal["missing", "type", "empty", "surrogate", "unreadable"]
 _SHOWN = 5  # problems quoted in full in one error
 
 
@@ -56,6 +57,8 @@ class RowProblem:
             )
         if self.rule == "empty":
             return f"{head} is empty or whitespace-only text ({_preview(self.value)}); fill it in"
+        if self.rule == "surrogate":
+            return f"{head} holds a lone UTF-16 surrogate ({_preview(self.value)}), which is not text; fix the escape"
         allowed = ", ".join(t.__name__ for t in self.spec.types or ())
         return (
             f"{head} is a {type(self.value).__name__} ({_preview(self.value)}), but the workflow accepts "
@@ -91,6 +94,8 @@ def check_row(index: int, row: Mapping[str, Any], specs: Sequence[FieldSpec]) ->
             problems.append(RowProblem(index, spec, "type", value))
         elif isinstance(value, str) and not value.strip():
             problems.append(RowProblem(index, spec, "empty", value))
+        elif isinstance(value, str) and not _encodable(value):
+            problems.append(RowProblem(index, spec, "surrogate", value))
     return problems
 
 
@@ -105,6 +110,14 @@ def describe_problems(
         lines.append(f"  ... and {len(problems) - _SHOWN} more problems")
     lines.append("Fix these rows, or set on_bad_row: skip to drop them (counted in skipped_rows).")
     return "\n".join(lines)
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _preview(value: Any, limit: int = 60) -> str:

@@ -228,7 +228,10 @@ def _validate_model(raw: dict[str, Any], prefix: tuple, problems: list[Problem])
 
 def _problem_from_pydantic(err: dict[str, Any], prefix: tuple) -> Problem:
     loc = tuple(err["loc"])
-    path = join_path(*prefix, *loc)
+    # An empty or non-text key (``"": 1``, ``null: 1``) would vanish from the path: quote it.
+    path = join_path(
+        *prefix, *(p if isinstance(p, int) or (isinstance(p, str) and p) else repr(p) for p in loc)
+    )
     kind = err["type"]
     if kind == "extra_forbidden":
         allowed = _fields_at(loc[:-1])

@@ -4,8 +4,8 @@ Design decisions (each limit answers a measured failure; see docs/serve.md for t
 - The body is limited while it is read, before anything parses it (``BodyLimit``, an ASGI middleware): a
   declared ``Content-Length`` over ``max_body_bytes`` is answered 413 without reading a byte, a chunked
   body is cut off at the limit, and a body that trickles in slower than ``body_timeout_s`` is answered 408.
-  JSON nested deeper than ``max_json_depth`` is answered 400 before ``json.loads`` (deep tool schemas
-  ended in a RecursionError and a 500 with half a megabyte of traceback).
+  A body that is not UTF-8, or JSON nested deeper than ``max_json_depth``, is answered 400 before
+  ``json.loads`` (deep tool schemas ended in a RecursionError and a 500 with half a megabyte of traceback).
 - Fair turns (``FairGate``): generation happens in *turns* of at most ``split_n`` samples. A request for
   more is split, and each turn waits in one FIFO queue with every other request's turns, so a request for
   ``n=64`` takes turns with the small requests instead of holding the engine for its whole duration. At
@@ -126,7 +126,7 @@ class BodyLimit:
             return
         if body is None:  # the client went away
             return
-        problem = self._depth_problem(body)
+        problem = self._body_problem(body)
         if problem:
             await _refuse(send, 400, problem)
             return
@@ -146,11 +146,15 @@ class BodyLimit:
             if not message.get("more_body", False):
                 return b"".join(chunks)
 
-    def _depth_problem(self, body: bytes) -> str:
+    def _body_problem(self, body: bytes) -> str:
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return f"the request body is not UTF-8 (byte {body[exc.start]:#04x} at offset {exc.start}); send JSON"
         limit = self.limits.max_json_depth
         if body.count(b"[") + body.count(b"{") <= limit:
             return ""
-        depth = text_depth(body.decode("utf-8", errors="replace"), limit)
+        depth = text_depth(text, limit)
         if depth <= limit:
             return ""
         return f"the request body nests JSON {depth} levels deep; at most {limit} are accepted (e.g. tool schemas)"

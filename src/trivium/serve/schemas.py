@@ -26,6 +26,7 @@ Design decisions:
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -179,8 +180,38 @@ class StreamOptions(_Request):
     include_usage: bool = False
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lone_surrogate(data: Any) -> str | None:
+    """The path of the first string in ``data`` holding a lone UTF-16 surrogate (JSON allows ``"\\ud800"``,
+    but no UTF-8 text holds one, and the tokenizer raises on it), or None."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, str) and _SURROGATE.search(node):
+            return path or "body"
+        if isinstance(node, dict):
+            stack += [(f"{path}.{k}" if path else str(k), v) for k, v in node.items()]
+            stack += [(path or "body", k) for k in node if isinstance(k, str)]
+        elif isinstance(node, list):
+            stack += [(f"{path}.{i}" if path else str(i), v) for i, v in enumerate(node)]
+    return None
+
+
 class _Sampling(_Request):
     """Fields shared by both endpoints; ``None`` means the server's default (``default_params``)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_is_unicode(cls, data: Any) -> Any:
+        where = _lone_surrogate(data)
+        if where is not None:
+            raise ValueError(
+                f"{where} holds a lone UTF-16 surrogate (an escape like \\ud800 without its pair), which is not "
+                "text; send valid Unicode"
+            )
+        return data
 
     model: str | None = None
     n: int | None = Field(None, ge=1, le=INT32_MAX)  # the server's cap: serve.max_n
@@ -223,7 +254,7 @@ class _Sampling(_Request):
         return _refuse_if(
             value,
             kind not in (None, "text"),
-            f"response_format {kind!r}: decoding is not constrained to JSON; leave it unset or "
+            f"response_format {kind!r:.60}: decoding is not constrained to JSON; leave it unset or "
             "{'type': 'text'} and parse the reply yourself",
         )
 
