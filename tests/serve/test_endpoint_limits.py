@@ -254,3 +254,33 @@ def test_feedback_rewards_outside_the_bounds_are_400(engine, tmp_path, raw_http)
 def test_lone_surrogates_are_400_not_500(server, raw_http, route, body, where):
     status, reply = raw_http("POST", f"{server.base_url}/{route}", {**body, "max_tokens": 2}, KEY)
     refused(reply, status, 400, "body", f"{where} holds a lone UTF-16 surrogate")
+
+
+def test_generation_runs_on_the_runner_threads_not_on_request_threads(engine, raw_http, monkeypatch):
+    """One torch thread for batches, one for direct engine calls (see serve/runner.py for the 20x why)."""
+    seen = []
+    original = engine.generate
+
+    def spy(prompts, params, seed=None):
+        seen.append(threading.current_thread().name)
+        return original(prompts, params, seed=seed)
+
+    monkeypatch.setattr(engine, "generate", spy)
+    with OpenAIServer(BatchingRolloutModel(engine), model_name="tiny") as srv:
+        url = f"{srv.base_url}/chat/completions"
+        threads = [
+            threading.Thread(target=raw_http, args=("POST", url, {"messages": QUESTION, "max_tokens": 2}))
+            for _ in range(4)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert raw_http("POST", url, {"messages": QUESTION, "max_tokens": 2, "seed": 3})[0] == 200
+    with OpenAIServer(engine, model_name="tiny") as srv:
+        status, reply = raw_http(
+            "POST", f"{srv.base_url}/chat/completions", {"messages": QUESTION, "max_tokens": 2}
+        )
+    assert status == 200, reply
+    assert set(seen[:-2]) == {"trivium-batches"}, seen
+    assert seen[-2].startswith("trivium-engine") and seen[-1].startswith("trivium-engine"), seen

@@ -266,6 +266,7 @@ class OpenAIServer:
             self.app, log_level=self.log_level, access_log=False, lifespan="off", timeout_graceful_shutdown=5
         )
         self._server = uvicorn.Server(config)
+        self.app.state.service.runner.start()
         self._thread = threading.Thread(
             target=self._server.run,
             kwargs={"sockets": [sock]},
@@ -294,6 +295,8 @@ class OpenAIServer:
             if self._thread.is_alive():
                 self._server.force_exit = True  # type: ignore[union-attr]
                 self._thread.join(timeout_s)
+        if self._server is not None:
+            self.app.state.service.runner.close()
         self._server, self._thread = None, None
 
     def client(self, **kwargs: Any):

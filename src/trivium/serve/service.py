@@ -51,6 +51,7 @@ from trivium.serve.recorder import (
     render_chat,
 )
 from trivium.serve.responses import ChatTurn, chat_choice, chat_stream, completion_choice, completion_stream
+from trivium.serve.runner import Runner
 from trivium.serve.schemas import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -88,6 +89,7 @@ class Service:
         # A bare engine runs one call at a time anyway: one slot makes the waiting line strictly FIFO.
         self.gate = FairGate(self.limits.max_concurrent if self.engine is not model else 1)
         self.seeded = "seed" in inspect.signature(self.engine.generate).parameters
+        self.runner = Runner(model)  # started by OpenAIServer: generation off the request threads
         self.token_chars = max((len(t) for t in self.tokenizer.get_vocab()), default=1)
 
     def session(self, session_id: str | None) -> RecordingSession | None:
@@ -199,9 +201,11 @@ class Service:
         return versions.pop(), gens
 
     def _call(self, prompts: list[list[int]], params: SamplingParams, seed: int | None) -> list:
-        if seed is None:
-            return self.model.generate(prompts, params)
-        return self.engine.generate(prompts, params, seed=seed)
+        if seed is not None:
+            return self.runner.direct(self.engine.generate, prompts, params, seed=seed)
+        if self.engine is self.model:
+            return self.runner.direct(self.model.generate, prompts, params)
+        return self.model.generate(prompts, params)  # queued; the runner's driver thread runs the batch
 
     def chat_prompt(
         self,
