@@ -284,3 +284,19 @@ def test_generation_runs_on_the_runner_threads_not_on_request_threads(engine, ra
     assert status == 200, reply
     assert set(seen[:-2]) == {"trivium-batches"}, seen
     assert seen[-2].startswith("trivium-engine") and seen[-1].startswith("trivium-engine"), seen
+
+
+def test_a_message_just_under_the_body_limit_costs_no_tokenizer_memory(engine, raw_http):
+    """4 MB of text cannot fit a 512-token context however it is tokenised: refused from its length,
+    before the template renders it or the tokenizer sees it (which took the server to 1.5 GB)."""
+    content = "Tom has 3 apples. " * ((4 << 20) // 18 - 100)
+    with OpenAIServer(engine, model_name="tiny") as srv:  # default limits: 4 MiB bodies
+        rss = psutil.Process().memory_info().rss
+        t0 = time.perf_counter()
+        status, reply = raw_http(
+            "POST", f"{srv.base_url}/chat/completions", {"messages": [{"role": "user", "content": content}]}
+        )
+        elapsed = time.perf_counter() - t0
+        grown = psutil.Process().memory_info().rss - rss
+    refused(reply, status, 400, "messages", "characters are more than 512 tokens")
+    assert grown < 150e6 and elapsed < 5, (grown, elapsed)
