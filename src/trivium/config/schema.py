@@ -127,7 +127,7 @@ class TaskSetConfig(StrictModel):
     name: str = ""
     """Name used in task ids, metrics and errors; defaults to the file stem."""
     split: str = "train"
-    """Split name passed to the HF datasets loader."""
+    """Not used: task files are read by trivium's own reader (one file is one split); kept so configs load."""
     fields: dict[str, str] = Field(default_factory=dict)
     """Map from the workflow's field name to the column in the file, e.g. {question: problem}."""
     workflow: str = "math"

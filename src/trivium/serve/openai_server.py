@@ -138,11 +138,13 @@ def _check_key(api_key: str | None) -> None:
 
 
 def _auth_check(api_key: str | None):
+    expected = None if api_key is None else api_key.strip().encode()  # a key read from a file ends in "\n"
+
     def check(request: Request) -> None:
-        if api_key is None:
+        if expected is None:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
             raise RequestError(
                 "missing or wrong API key: send the header 'Authorization: Bearer <key>' with the server's api_key",
                 status=401,
