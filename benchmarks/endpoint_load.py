@@ -3,6 +3,7 @@ for n=64, is memory bounded, and does nothing answer 5xx?
 
     python benchmarks/endpoint_load.py                  # ~4.5 min on 2 cores: 20 s + 3 x 60 s phases
     python benchmarks/endpoint_load.py --seconds 10     # a quick look
+    python benchmarks/endpoint_load.py --torch-threads 1   # the server's torch on one core, clients on the other
 
 The server runs in its own process, as serve mode builds it: a ``TransformersEngine`` behind a
 ``BatchingRolloutModel`` (requests within 50 ms share an engine batch), default ``ServeLimits``, on a tiny
@@ -19,7 +20,9 @@ Phases, one after another on the same server:
 
 Columns: requests answered; p50 / p95 / p99 latency of the small requests (seconds); p95 relative to
 phase 2; latency of the n=64 requests (median); 5xx answers; the server's peak RSS (VmHWM) and RSS at the
-end of the phase. Writes ``benchmarks/results/endpoint_load.md``. Linux only (/proc).
+end of the phase; the 1-minute load average at the end of the phase, and the CPU seconds that processes
+other than the server and the clients used during it (0 on an otherwise idle machine: the figures of a
+phase with much more are not clean). Writes ``benchmarks/results/endpoint_load.md``. Linux only (/proc).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,10 +46,14 @@ BIG = {**SMALL, "n": 64}
 
 
 # ---------------------------------------------------------------------------------------------- server
-def serve(model_dir: str, port_file: str, split_n: int) -> None:
+def serve(model_dir: str, port_file: str, split_n: int, torch_threads: int = 0) -> None:
     """The server process: serve ``model_dir`` until killed; writes its port to ``port_file``."""
     import threading
 
+    import torch
+
+    if torch_threads:
+        torch.set_num_threads(torch_threads)
     from trivium.models.batching import BatchingRolloutModel
     from trivium.models.transformers_engine import TransformersEngine
     from trivium.serve.limits import ServeLimits
@@ -70,11 +78,11 @@ def tiny_model(work: Path) -> Path:
 class Server:
     """The server subprocess: started, its memory read from /proc, stopped."""
 
-    def __init__(self, model_dir: Path, work: Path, split_n: int):
+    def __init__(self, model_dir: Path, work: Path, split_n: int, torch_threads: int = 0):
         port_file = work / f"endpoint_load_port_{os.getpid()}"
         port_file.unlink(missing_ok=True)
         code = f"import sys; sys.path.insert(0, {str(REPO / 'benchmarks')!r}); import endpoint_load as e; "
-        code += f"e.serve({str(model_dir)!r}, {str(port_file)!r}, {split_n})"
+        code += f"e.serve({str(model_dir)!r}, {str(port_file)!r}, {split_n}, {torch_threads})"
         self.process = subprocess.Popen(
             [sys.executable, "-c", code], env={**os.environ, "PYTHONUNBUFFERED": "1"}
         )
@@ -97,6 +105,27 @@ class Server:
     def stop(self) -> None:
         self.process.terminate()
         self.process.wait(timeout=30)
+
+
+def busy_seconds(pid: int | None = None) -> float:
+    """CPU seconds used so far: by the whole machine (``pid`` None, from /proc/stat) or by one process."""
+    hz = os.sysconf("SC_CLK_TCK")
+    if pid is None:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+        return (sum(fields) - fields[3] - fields[4]) / hz  # all but idle and iowait
+    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(stat[11]) + int(stat[12])) / hz  # utime + stime
+
+
+def foreign_cpu(server_pid: int) -> Callable[[], float]:
+    """A function returning the CPU seconds used since now by processes other than this one and the server."""
+    start = [busy_seconds(), busy_seconds(server_pid), busy_seconds(os.getpid())]
+
+    def since() -> float:
+        now = [busy_seconds(), busy_seconds(server_pid), busy_seconds(os.getpid())]
+        return (now[0] - start[0]) - (now[1] - start[1]) - (now[2] - start[2])
+
+    return since
 
 
 # ---------------------------------------------------------------------------------------------- clients
@@ -128,7 +157,9 @@ async def phase(url: str, clients: int, big: bool, seconds: float) -> dict:
     return {"small": small, "big": large}
 
 
-def summary(name: str, result: dict, memory: tuple[float, float], reference_p95: float | None) -> dict:
+def summary(
+    name: str, result: dict, memory: tuple[float, float], reference_p95: float | None, foreign: float = 0.0
+) -> dict:
     latencies = sorted(t for t, s in result["small"] if s == 200)
     q = statistics.quantiles(latencies, n=100, method="inclusive") if len(latencies) > 1 else latencies * 99
     statuses = [s for _, s in result["small"] + result["big"]]
@@ -146,13 +177,16 @@ def summary(name: str, result: dict, memory: tuple[float, float], reference_p95:
         "other_non_200": sum(1 for s in statuses if isinstance(s, int) and s != 200 and s < 500),
         "peak_rss_mb": memory[0],
         "rss_mb": memory[1],
+        "load_1min": os.getloadavg()[0],
+        "other_cpu_s": foreign,
     }
 
 
 def table(rows: list[dict]) -> str:
     head = (
         "| phase | small requests | p50 s | p95 s | p99 s | p95 / phase-2 p95 | n=64 requests (median s) "
-        "| 5xx | server peak RSS MB | RSS at end MB |\n|---|---|---|---|---|---|---|---|---|---|"
+        "| 5xx | server peak RSS MB | RSS at end MB | load avg | CPU s of other processes |"
+        "\n|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
     for r in rows:
@@ -160,38 +194,44 @@ def table(rows: list[dict]) -> str:
         big = "-" if not r["n64_requests"] else f"{r['n64_requests']} ({r['n64_median_s']:.1f})"
         lines.append(
             f"| {r['phase']} | {r['requests']} | {r['p50_s']:.3f} | {r['p95_s']:.3f} | {r['p99_s']:.3f} | {ratio} "
-            f"| {big} | {r['errors_5xx']} | {r['peak_rss_mb']:.0f} | {r['rss_mb']:.0f} |"
+            f"| {big} | {r['errors_5xx']} | {r['peak_rss_mb']:.0f} | {r['rss_mb']:.0f} | {r['load_1min']:.1f} | {max(0.0, r['other_cpu_s']):.0f} |"
         )
     return "\n".join(lines)
 
 
-def run(seconds: float, clients: int, work: Path, write: bool = True) -> list[dict]:
+def run(seconds: float, clients: int, work: Path, write: bool = True, torch_threads: int = 0) -> list[dict]:
     work.mkdir(parents=True, exist_ok=True)
+    load_before = os.getloadavg()[0]
     model_dir = tiny_model(work)
     rows: list[dict] = []
-    server = Server(model_dir, work, split_n=8)
+    server = Server(model_dir, work, split_n=8, torch_threads=torch_threads)
     try:
         plan = [("1 client", 1, False, min(seconds, 20)), (f"{clients} clients", clients, False, seconds)]
         plan.append((f"{clients} + n=64, split_n=8", clients, True, seconds))
         for name, count, big, duration in plan:
+            other = foreign_cpu(server.process.pid)
             result = asyncio.run(phase(server.url, count, big, duration))
             reference = rows[1]["p95_s"] if len(rows) > 1 else None
-            rows.append(summary(name, result, server.memory_mb(), reference))
+            rows.append(summary(name, result, server.memory_mb(), reference, other()))
             print(table(rows[-1:]).split("\n")[-1], flush=True)
     finally:
         server.stop()
-    server = Server(model_dir, work, split_n=64)
+    server = Server(model_dir, work, split_n=64, torch_threads=torch_threads)
     try:
+        other = foreign_cpu(server.process.pid)
         result = asyncio.run(phase(server.url, clients, True, seconds))
-        rows.append(summary(f"{clients} + n=64, not split", result, server.memory_mb(), rows[1]["p95_s"]))
+        rows.append(
+            summary(f"{clients} + n=64, not split", result, server.memory_mb(), rows[1]["p95_s"], other())
+        )
     finally:
         server.stop()
     text = table(rows)
     print(text)
     if write:
         RESULTS.mkdir(parents=True, exist_ok=True)
-        load = os.getloadavg()
-        note = f"{seconds:g} s phases, {clients} clients, {os.cpu_count()} CPUs, load average before {load[0]:.2f}"
+        threads = torch_threads or "torch's default"
+        note = f"{seconds:g} s phases, {clients} clients, {os.cpu_count()} CPUs, server torch threads: {threads}, "
+        note += f"load average before {load_before:.2f}"
         (RESULTS / "endpoint_load.md").write_text(f"{text}\n\n{note}\n")
         (RESULTS / "endpoint_load.json").write_text(json.dumps(rows, indent=1))
     return rows
@@ -204,8 +244,14 @@ def main() -> None:
     )
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--work", type=Path, default=REPO / "benchmarks" / "work")
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=0,
+        help="torch threads of the server (0: torch's default, one per core); 1 leaves a core to the clients",
+    )
     args = parser.parse_args()
-    run(args.seconds, args.clients, args.work)
+    run(args.seconds, args.clients, args.work, torch_threads=args.torch_threads)
 
 
 if __name__ == "__main__":
