@@ -60,7 +60,8 @@ def serve(model_dir: str, port_file: str, split_n: int, torch_threads: int = 0) 
     from trivium.serve.openai_server import OpenAIServer
 
     model = BatchingRolloutModel(TransformersEngine.from_pretrained(model_dir, seed=0))
-    server = OpenAIServer(model, model_name="tiny", limits=ServeLimits(split_n=split_n)).start()
+    server = OpenAIServer(model, model_name="tiny", limits=ServeLimits(split_n=split_n), drive_batches=True)
+    server.start()
     Path(port_file).write_text(str(server.port))
     threading.Event().wait()
 

@@ -266,7 +266,7 @@ def test_generation_runs_on_the_runner_threads_not_on_request_threads(engine, ra
         return original(prompts, params, seed=seed)
 
     monkeypatch.setattr(engine, "generate", spy)
-    with OpenAIServer(BatchingRolloutModel(engine), model_name="tiny") as srv:
+    with OpenAIServer(BatchingRolloutModel(engine), model_name="tiny", drive_batches=True) as srv:
         url = f"{srv.base_url}/chat/completions"
         threads = [
             threading.Thread(target=raw_http, args=("POST", url, {"messages": QUESTION, "max_tokens": 2}))
@@ -300,3 +300,29 @@ def test_a_message_just_under_the_body_limit_costs_no_tokenizer_memory(engine, r
         grown = psutil.Process().memory_info().rss - rss
     refused(reply, status, 400, "messages", "characters are more than 512 tokens")
     assert grown < 150e6 and elapsed < 5, (grown, elapsed)
+
+
+def test_an_endpoint_over_an_explorers_model_leaves_the_batches_to_it(engine, raw_http, caplog):
+    """The openai_agent workflow serves the explorer's own model: the explorer drives its batches in every
+    step, so the endpoint must not hold ``driving()`` (by default it does not; asked to, it gives way)."""
+    model = BatchingRolloutModel(engine)
+    with OpenAIServer(model, model_name="tiny") as srv:  # drive_batches=False: the explorer can drive
+        stop = threading.Event()
+
+        def explorer():
+            with model.driving():
+                model.drive(stop.is_set)
+
+        driver = threading.Thread(target=explorer)
+        driver.start()
+        status, _ = raw_http(
+            "POST", f"{srv.base_url}/chat/completions", {"messages": QUESTION, "max_tokens": 2}
+        )
+        with caplog.at_level("WARNING"), OpenAIServer(model, model_name="tiny", drive_batches=True) as other:
+            status2, _ = raw_http(
+                "POST", f"{other.base_url}/chat/completions", {"messages": QUESTION, "max_tokens": 2}
+            )
+        stop.set()
+        driver.join()
+    assert status == status2 == 200
+    assert "does not drive the batches of this model" in caplog.text

@@ -208,7 +208,9 @@ class OpenAIServer:
 
     ``port=0`` picks a free port; it is known after ``start()`` (``.port``, ``.url``, ``.base_url``).
     ``base_url`` is what ``openai.OpenAI(base_url=...)`` takes (``.../v1``); sessions have their own
-    (``session.base_url``). The recorder is bound to the server's URL and key on start.
+    (``session.base_url``). The recorder is bound to the server's URL and key on start. ``drive_batches``:
+    run a batching model's batches on a thread of the server (``runner.py``; serve mode does), not when
+    an explorer drives the same model.
     """
 
     def __init__(
@@ -224,6 +226,7 @@ class OpenAIServer:
         log_level: str = "warning",
         extra_routes: Sequence[tuple[str, Callable[..., Any], Sequence[str]]] = (),
         limits: ServeLimits | None = None,
+        drive_batches: bool = False,
     ):
         if api_key is None and not is_loopback(host):
             raise ValueError(
@@ -240,7 +243,7 @@ class OpenAIServer:
             extra_routes=extra_routes,
             limits=limits,
         )
-        self.recorder, self.api_key = recorder, api_key
+        self.recorder, self.api_key, self.drive_batches = recorder, api_key, drive_batches
         self.host, self.port, self.log_level = host, port, log_level
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -268,7 +271,7 @@ class OpenAIServer:
             self.app, log_level=self.log_level, access_log=False, lifespan="off", timeout_graceful_shutdown=5
         )
         self._server = uvicorn.Server(config)
-        self.app.state.service.runner.start()
+        self.app.state.service.runner.start(drive=self.drive_batches)
         self._thread = threading.Thread(
             target=self._server.run,
             kwargs={"sockets": [sock]},

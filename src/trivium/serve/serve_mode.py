@@ -245,6 +245,7 @@ def serve(cfg, run_dir: Path, policy=None, tokenizer=None, stop: threading.Event
         port=s.port,
         extra_routes=[feedback_route(storage, s.reward_min, s.reward_max)],
         limits=ServeLimits.from_config(s),
+        drive_batches=True,
     )
     stop = stop or threading.Event()
     info_file = run_dir / SERVE_FILE
