@@ -148,9 +148,17 @@ def _cmd_check(args) -> int:
     import yaml
 
     from trivium.config import ConfigError, load_config
+    from trivium.config.input_checks import check_data_files
 
     try:
         run_cfg = load_config(args.config, args.overrides)
+        data = [
+            p
+            for i, stage in enumerate(run_cfg.stages)
+            for p in check_data_files(stage.config, f"stages[{i}]" if run_cfg.config.stages else "")
+        ]
+        if data:
+            raise ConfigError(data, args.config)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2

@@ -2,7 +2,8 @@
 
 Rows go through the same ``TaskSetReader`` as task sets, so a bad row gets the same error naming its
 file, row and field. Text is tokenised with the model's chat template; only assistant tokens (and the EOS
-that ends them) are trained on.
+that ends them) are trained on. A special token written in a row's text is tokenised as text, never as
+the control token (``models/chat.py``).
 
 Formats:
 - SFT ``prompt_response``: ``prompt`` (user message) and ``response`` (assistant message) strings.
@@ -18,7 +19,7 @@ import torch
 
 from trivium.buffer.task_reader import TaskSetReader
 from trivium.config.schema import PreferenceDatasetConfig, SftDatasetConfig
-from trivium.models.chat import encode_conversation, render_ids
+from trivium.models.chat import encode_conversation, render_ids, text_ids
 from trivium.types import Experience, PreferencePair, Task
 
 SFT_FORMATS = {
@@ -113,7 +114,8 @@ def _prompt_ids(tokenizer, prompt: str, system_prompt: str | None) -> list[int]:
 
 
 def _response_ids(tokenizer, response: str) -> list[int]:
-    return [*tokenizer(response, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
+    """The response as text (a special token written in it is not a control token), then eos."""
+    return [*text_ids(tokenizer, response), tokenizer.eos_token_id]
 
 
 def _experience(tokens: list[int], prompt_length: int, action_mask: list[bool], task_id: str) -> Experience:

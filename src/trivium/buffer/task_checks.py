@@ -4,7 +4,10 @@ Every row is checked at load time, so a bad row fails the run before the first r
 problems are collected first and reported in one error (the first few in full, the rest counted).
 
 Rules, per required field: the value is present and not null; its type is one of the allowed types (a
-bool never passes as an int unless bool is allowed); a text value is not empty or whitespace-only.
+bool never passes as an int unless bool is allowed); a text value is not empty or whitespace-only and is
+real Unicode (no lone UTF-16 surrogate, which JSON can escape but no tokenizer takes). A row
+the file reader could not turn into an object (``task_files``: not UTF-8, not JSON, not an object, nested
+too deep) is an ``unreadable`` problem of the whole row.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from trivium.buffer.task_files import RowLocation
 
 __all__ = ["FieldSpec", "RowProblem", "check_row", "describe_problems", "field_specs", "missing_columns"]
 
-Rule = Literal["missing", "type", "empty"]
+Rule = Literal["missing", "type", "empty", "surrogate", "unreadable"]
 _SHOWN = 5  # problems quoted in full in one error
 
 
@@ -32,15 +35,19 @@ class FieldSpec:
 @dataclass(frozen=True)
 class RowProblem:
     index: int  # row index in the task set
-    spec: FieldSpec
+    spec: FieldSpec | None  # None for an unreadable row
     rule: Rule
-    value: Any = None
+    value: Any = None  # unreadable: (kind, why) from the file reader
 
     @property
     def reason(self) -> str:
+        if self.spec is None:
+            return f"row: {self.value[0]}"
         return f"{self.spec.field}: {self.rule}"
 
     def describe(self, where: RowLocation) -> str:
+        if self.spec is None:
+            return f"{where} {self.value[1]}"
         f, col = self.spec.field, self.spec.column
         head = f"{where}: field {f!r} (column {col!r})"
         if self.rule == "missing":
@@ -50,6 +57,8 @@ class RowProblem:
             )
         if self.rule == "empty":
             return f"{head} is empty or whitespace-only text ({_preview(self.value)}); fill it in"
+        if self.rule == "surrogate":
+            return f"{head} holds a lone UTF-16 surrogate ({_preview(self.value)}), which is not text; fix the escape"
         allowed = ", ".join(t.__name__ for t in self.spec.types or ())
         return (
             f"{head} is a {type(self.value).__name__} ({_preview(self.value)}), but the workflow accepts "
@@ -85,6 +94,8 @@ def check_row(index: int, row: Mapping[str, Any], specs: Sequence[FieldSpec]) ->
             problems.append(RowProblem(index, spec, "type", value))
         elif isinstance(value, str) and not value.strip():
             problems.append(RowProblem(index, spec, "empty", value))
+        elif isinstance(value, str) and not _encodable(value):
+            problems.append(RowProblem(index, spec, "surrogate", value))
     return problems
 
 
@@ -99,6 +110,14 @@ def describe_problems(
         lines.append(f"  ... and {len(problems) - _SHOWN} more problems")
     lines.append("Fix these rows, or set on_bad_row: skip to drop them (counted in skipped_rows).")
     return "\n".join(lines)
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _preview(value: Any, limit: int = 60) -> str:

@@ -1,34 +1,59 @@
 """Read a task set's rows from local JSON Lines / JSON / Parquet files, remembering where each row came from.
 
 Design decisions:
-- HF ``datasets.load_dataset("json" | "parquet", data_files=...)`` reads the files (typed columns, Arrow
-  cache). It is imported on first use, so importing ``trivium.buffer`` stays cheap.
-- Rows end up as plain dicts: every row is validated up front anyway, and a dict is what ``Task.raw`` holds.
-- HF's JSON reader rejects some valid files (a blank line plus a column of mixed types raises "Expected
-  object or value") and never says which line is bad. When it fails, the ``json`` module reads the file:
-  a bad line becomes a ``TaskDataError`` naming it, and a valid file is used as the stdlib read it.
+- JSON is parsed by Python's ``json`` module, never by a native reader: task files come from anywhere, and
+  pyarrow's JSON reader (behind HF ``datasets``) crashed the process (exit 139, no message) on a JSON Lines
+  file whose first line is ``null`` and on values nested 10,000 deep. Every row is checked before it is
+  parsed: UTF-8 (a UTF-16/32 file is named as such), nesting at most ``MAX_ROW_DEPTH`` levels (counted on
+  the text, so a deep value is refused without recursing into it), a JSON object.
+- A JSON Lines row that fails those checks is *unreadable*: with ``on_bad_row="error"`` the first one is a
+  ``TaskDataError`` naming file, row and line; with ``"skip"`` it keeps its row index (``Task.index`` points
+  at the same line either way) and is returned in ``LoadedRows.unreadable`` for the reader to count.
+  A ``.json`` file is one value: a file that does not parse is an error in both modes; its elements that
+  are not objects (or are nested too deep) are unreadable rows like JSON Lines ones.
+- Parquet is read by ``pyarrow.parquet`` (typed columns; the depth of its values is bounded by the schema
+  and checked like JSON rows). Rows end up as plain dicts: what ``Task.raw`` holds.
 - A folder means every ``.jsonl`` / ``.json`` / ``.parquet`` file directly inside it, in name order, one
   task set. Subfolders are not read, so a stray ``old/`` copy is never trained on by accident.
-- Line numbers (JSON Lines only) are computed only when an error needs them.
+- ``max_rows`` stops reading a JSON Lines file after that many rows.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MEMORY", "LoadedRows", "RowLocation", "TaskDataError", "load_rows"]
+__all__ = [
+    "MAX_ROW_DEPTH",
+    "MEMORY",
+    "LoadedRows",
+    "RowLocation",
+    "TaskDataError",
+    "TaskFileNotFound",
+    "load_rows",
+    "text_depth",
+    "value_depth",
+]
 
 MEMORY = "<memory>"  # the file name of rows given as a Python list
+MAX_ROW_DEPTH = 100  # nesting levels of one row (the row object is level 1); chat rows with tools use ~8
 _LOADERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+_BRACKETS = re.compile(r"[\[\]{}]")
 
 
 class TaskDataError(ValueError):
     """A task set's data cannot be used as configured; the message names the file, row, field and fix."""
+
+
+class TaskFileNotFound(TaskDataError, FileNotFoundError):
+    """The task set's path does not exist (a ``TaskDataError``, and a ``FileNotFoundError`` as before)."""
 
 
 @dataclass(frozen=True)
@@ -47,56 +72,75 @@ class _Source:
     path: Path | None
     start: int  # index of its first row among all rows of the task set
     count: int
+    lines: list[int] | None = None  # 1-based line of each row (JSON Lines only)
 
 
 @dataclass
 class LoadedRows:
-    rows: list[dict[str, Any]]
+    rows: list[dict[str, Any]]  # an unreadable row is an empty dict here
     sources: list[_Source]
-    _lines: dict[str, list[int]] = field(default_factory=dict)
+    unreadable: dict[int, tuple[str, str]] = field(default_factory=dict)  # row -> (kind, why)
 
     def locate(self, index: int) -> RowLocation:
         """Where task-set row ``index`` (0-based, across all files) came from."""
         source = next(s for s in self.sources if s.start <= index < s.start + s.count)
         row = index - source.start
-        line = None
-        if source.path is not None and source.path.suffix == ".jsonl":
-            if source.name not in self._lines:
-                self._lines[source.name] = _jsonl_line_numbers(source.path)
-            lines = self._lines[source.name]
-            line = lines[row] if row < len(lines) else None
+        line = source.lines[row] if source.lines is not None and row < len(source.lines) else None
         return RowLocation(source.name, row, line)
 
 
 def load_rows(
-    source: str | os.PathLike[str] | Sequence[Mapping[str, Any]], *, split: str, taskset: str
+    source: str | os.PathLike[str] | Sequence[Mapping[str, Any]],
+    *,
+    split: str = "train",
+    taskset: str,
+    on_bad_row: str = "error",
+    max_rows: int | None = None,
 ) -> LoadedRows:
-    """All rows of ``source`` (a file, a folder of files, or a list of dicts) in file order."""
+    """All rows of ``source`` (a file, a folder of files, or a list of dicts) in file order, at most
+    ``max_rows``. ``split`` is accepted for old callers and not used (one file is one split)."""
+    del split
     if not isinstance(source, (str, os.PathLike)):
-        rows = [dict(r) if isinstance(r, Mapping) else r for r in source]
-        bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None)
-        if bad is not None:
-            raise TaskDataError(
-                f"task set {taskset!r}: {MEMORY} row {bad} is a {type(rows[bad]).__name__}, not a dict; "
-                "pass a list of dicts (one per task)"
-            )
-        return LoadedRows(rows, [_Source(MEMORY, None, 0, len(rows))])
-    rows, sources = [], []
-    for path in _resolve_files(Path(source), taskset):
-        file_rows = _read_file(path, split, taskset)
-        sources.append(_Source(str(path), path, len(rows), len(file_rows)))
-        rows.extend(file_rows)
-    return LoadedRows(rows, sources)
+        return _memory_rows(list(source)[:max_rows], taskset, on_bad_row)
+    loaded = LoadedRows([], [])
+    for path in _resolve_files(source, taskset):
+        reader = _Reader(path, taskset, on_bad_row, loaded, max_rows)
+        reader.read()
+        if max_rows is not None and len(loaded.rows) >= max_rows:
+            break
+    return loaded
 
 
-def _resolve_files(path: Path, taskset: str) -> list[Path]:
+def _memory_rows(rows: list[Any], taskset: str, on_bad_row: str) -> LoadedRows:
+    loaded = LoadedRows([], [_Source(MEMORY, None, 0, len(rows))])
+    for i, row in enumerate(rows):
+        if isinstance(row, Mapping):
+            loaded.rows.append(dict(row))
+            continue
+        why = f"is a {type(row).__name__}, not a dict; pass a list of dicts (one per task)"
+        if on_bad_row != "skip":
+            raise TaskDataError(f"task set {taskset!r}: {MEMORY} row {i} {why}")
+        loaded.rows.append({})
+        loaded.unreadable[i] = ("not an object", why)
+    return loaded
+
+
+def _resolve_files(source: str | os.PathLike[str], taskset: str) -> list[Path]:
     supported = ", ".join(_LOADERS)
-    if not path.exists():
-        raise FileNotFoundError(
-            f"task set {taskset!r}: path {str(path)!r} does not exist (resolved to {path.resolve()}); "
+    path = Path(source)
+    try:
+        if "\x00" in str(path):
+            raise ValueError("a path cannot contain a NUL character")
+        exists, is_dir = path.exists(), path.is_dir()
+    except (OSError, ValueError) as error:  # a NUL byte, a name too long for the file system
+        why = error.strerror if isinstance(error, OSError) else str(error)
+        raise TaskDataError(f"task set {taskset!r}: cannot use the path {str(path)[:200]!r}: {why}") from None
+    if not exists:
+        raise TaskFileNotFound(
+            f"task set {taskset!r}: path {str(path)!r} does not exist (resolved to {os.path.abspath(path)}); "
             f"set path to a {supported} file or a folder of them"
         )
-    if path.is_dir():
+    if is_dir:
         files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in _LOADERS)
         if not files:
             found = sorted(p.name for p in path.iterdir())[:10]
@@ -113,57 +157,164 @@ def _resolve_files(path: Path, taskset: str) -> list[Path]:
     return [path]
 
 
-def _read_file(path: Path, split: str, taskset: str) -> list[dict[str, Any]]:
-    from datasets import load_dataset
+class _Reader:
+    """Appends the rows of one file to ``loaded`` (see the module docstring for the rules)."""
 
-    kind = _LOADERS[path.suffix]
-    try:
-        return load_dataset(kind, data_files={split: str(path)}, split=split).to_list()
-    except Exception as error:
-        if kind != "json":
+    def __init__(self, path: Path, taskset: str, on_bad_row: str, loaded: LoadedRows, max_rows: int | None):
+        self.path, self.taskset, self.skip, self.loaded = path, taskset, on_bad_row == "skip", loaded
+        self.room = None if max_rows is None else max_rows - len(loaded.rows)
+        self.where = f"task set {taskset!r}: {str(path)!r}"
+        self.source = _Source(str(path), path, len(loaded.rows), 0)
+
+    def read(self) -> None:
+        if self.path.suffix == ".parquet":
+            self._add_all(self._parquet())
+        else:
+            data = self._bytes()
+            if self.path.suffix == ".jsonl":
+                self.source.lines = []
+                self._jsonl(data)
+            else:
+                self._add_all(self._json_list(data))
+        self.loaded.sources.append(self.source)
+
+    def _bytes(self) -> bytes:
+        data = self.path.read_bytes()
+        head = data[:4]
+        if head.startswith((b"\xff\xfe", b"\xfe\xff")) or (b"\x00" in head and data):
             raise TaskDataError(
-                f"task set {taskset!r}: cannot read {str(path)!r} as Parquet ({type(error).__name__}: "
-                f"{error}); check that the file is complete and was written as Parquet"
-            ) from error
-        return _read_json_stdlib(path, taskset, error)
+                f"{self.where} is UTF-16 or UTF-32 (a byte-order mark or NUL bytes at the start); JSON task "
+                "files must be UTF-8: save it as UTF-8"
+            )
+        return data[3:] if data.startswith(b"\xef\xbb\xbf") else data
 
-
-def _read_json_stdlib(path: Path, taskset: str, hf_error: Exception) -> list[dict[str, Any]]:
-    where = f"task set {taskset!r}: {str(path)!r}"
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".jsonl":
-        rows: list[Any] = []
-        for line_no, line in enumerate(text.split("\n"), start=1):
-            if not line.strip():
+    def _jsonl(self, data: bytes) -> None:
+        for line_no, raw in enumerate(data.split(b"\n"), start=1):
+            if self.room is not None and self.source.count >= self.room:
+                return
+            if not raw.strip():
                 continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as error:
-                raise TaskDataError(
-                    f"{where} row {len(rows)} (line {line_no}) is not valid JSON ({error.msg} at column "
-                    f"{error.colno}): {line[:80]!r}; JSON Lines needs one JSON object per line"
-                ) from hf_error
-            if not isinstance(rows[-1], dict):
-                raise TaskDataError(
-                    f"{where} row {len(rows) - 1} (line {line_no}) is a JSON {type(rows[-1]).__name__}, "
-                    'not an object; JSON Lines needs one object per line, like {"question": ...}'
-                ) from hf_error
-        return rows
+            value, problem = _parse_line(raw)
+            self.source.lines.append(line_no)  # type: ignore[union-attr]
+            if problem is not None:
+                kind, why = problem
+                if kind in ("not JSON", "not an object"):
+                    why += "; JSON Lines needs one JSON object per line"
+                self._unreadable(kind, why, f" (line {line_no})")
+                continue
+            self._add(value)
+
+    def _json_list(self, data: bytes) -> list[Any]:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            line = data.count(b"\n", 0, error.start) + 1
+            raise TaskDataError(
+                f"{self.where} is not UTF-8: byte {data[error.start]:#04x} at offset {error.start} (line "
+                f"{line}); save it as UTF-8"
+            ) from None
+        depth = text_depth(text, MAX_ROW_DEPTH + 1)
+        if depth > MAX_ROW_DEPTH + 1:
+            raise TaskDataError(
+                f"{self.where} nests values {depth} levels deep; rows may nest at most {MAX_ROW_DEPTH} levels"
+            )
+        try:
+            value = json.loads(text)
+        except ValueError as error:
+            at = (
+                f" at line {error.lineno}, column {error.colno}"
+                if isinstance(error, json.JSONDecodeError)
+                else ""
+            )
+            msg = error.msg if isinstance(error, json.JSONDecodeError) else str(error)
+            raise TaskDataError(f"{self.where} is not valid JSON ({msg}{at})") from None
+        if not isinstance(value, list):
+            raise TaskDataError(
+                f'{self.where} must hold a JSON list of objects (one per task), e.g. [{{"question": ...}}]; '
+                f"it holds a JSON {type(value).__name__}"
+            )
+        return value
+
+    def _parquet(self) -> list[Any]:
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.read_table(self.path).to_pylist()
+        except Exception as error:  # pyarrow raises many types for a damaged file
+            raise TaskDataError(
+                f"{self.where}: cannot read it as Parquet ({type(error).__name__}: {error}); check that the "
+                "file is complete and was written as Parquet"
+            ) from None
+
+    def _add_all(self, values: list[Any]) -> None:
+        for value in values if self.room is None else values[: self.room]:
+            if not isinstance(value, dict):
+                name = "null" if value is None else type(value).__name__
+                why = f'is a JSON {name}, not an object; one object per task, like {{"question": ...}}'
+                self._unreadable("not an object", why)
+            elif value_depth(value, MAX_ROW_DEPTH) > MAX_ROW_DEPTH:
+                self._unreadable("too deep", f"nests values deeper than {MAX_ROW_DEPTH} levels")
+            else:
+                self._add(value)
+
+    def _add(self, row: dict[str, Any]) -> None:
+        self.loaded.rows.append(row)
+        self.source.count += 1
+
+    def _unreadable(self, kind: str, why: str, line: str = "") -> None:
+        """Row ``source.count`` cannot be read (``why``): an error, or in skip mode an empty placeholder."""
+        if not self.skip:
+            raise TaskDataError(
+                f"{self.where} row {self.source.count}{line} {why}. Fix the row, or set on_bad_row: skip to "
+                "skip such rows (counted)"
+            )
+        self.loaded.unreadable[len(self.loaded.rows)] = (kind, why)
+        self._add({})
+
+
+def _parse_line(raw: bytes) -> tuple[Any, tuple[str, str] | None]:
+    """One JSON Lines row: ``(object, None)`` or ``(None, (kind, why))``."""
     try:
-        data = json.loads(text)
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return None, ("not UTF-8", f"is not UTF-8 (byte {raw[error.start]:#04x} at column {error.start + 1})")
+    depth = text_depth(line, MAX_ROW_DEPTH)
+    if depth > MAX_ROW_DEPTH:
+        return None, ("too deep", f"nests values {depth} levels deep (at most {MAX_ROW_DEPTH})")
+    try:
+        value = json.loads(line)
     except json.JSONDecodeError as error:
-        raise TaskDataError(
-            f"{where} is not valid JSON ({error.msg} at line {error.lineno}, column {error.colno})"
-        ) from hf_error
-    if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
-        raise TaskDataError(
-            f'{where} must hold a JSON list of objects (one per task), e.g. [{{"question": ...}}]; '
-            f"HF datasets said: {type(hf_error).__name__}: {hf_error}"
-        ) from hf_error
-    return data
+        return None, ("not JSON", f"is not valid JSON ({error.msg} at column {error.colno}): {line[:80]!r}")
+    except ValueError as error:  # e.g. an integer of more than 4,300 digits
+        return None, ("not JSON", f"cannot be read as JSON ({error})")
+    if not isinstance(value, dict):
+        name = "null" if value is None else type(value).__name__
+        return None, ("not an object", f"is a JSON {name}, not an object")
+    return value, None
 
 
-def _jsonl_line_numbers(path: Path) -> list[int]:
-    """1-based line number of each row of a JSON Lines file (blank lines hold no row)."""
-    lines = path.read_text(encoding="utf-8").split("\n")  # not splitlines(): JSON strings may hold \u2028
-    return [n for n, line in enumerate(lines, start=1) if line.strip()]
+def text_depth(text: str, limit: int = 0) -> int:
+    """How deep the arrays and objects of JSON ``text`` nest (``{"a": [1]}``: 2), without parsing it:
+    brackets inside strings do not count. Linear time; malformed text gives some number, never an error.
+    With ``limit``, text with at most ``limit`` opening brackets returns their count (an upper bound of
+    the depth, so ``> limit`` is still exact) without scanning."""
+    opens = text.count("[") + text.count("{")
+    if opens <= max(limit, 1):
+        return opens
+    steps = [1 if c in "[{" else -1 for c in _BRACKETS.findall(_JSON_STRING.sub("", text))]
+    return max(accumulate(steps), default=0)
+
+
+def value_depth(value: Any, limit: int) -> int:
+    """Nesting depth of parsed JSON ``value`` (containers only: ``{"a": [1]}`` is 2), counted without
+    recursion and up to ``limit + 1`` at most (a deeper value stops the count)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list, tuple)):
+            deepest = max(deepest, depth)
+            if depth > limit:
+                return depth
+            children = node.values() if isinstance(node, dict) else node
+            stack.extend((child, depth + 1) for child in children)
+    return deepest

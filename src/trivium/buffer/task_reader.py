@@ -2,14 +2,15 @@
 
 Design decisions:
 - Built from explicit arguments; turning a config section into them is the config layer's job.
-- Every row is loaded and checked at construction (see ``task_checks``): an unusable row is an error
-  naming the file, row, field and fix, or, with ``on_bad_row="skip"``, a counted skip.
+- Every row is loaded and checked at construction (see ``task_checks``): an unusable row (a missing or
+  mistyped field, or a line that is not a JSON object at all) is an error naming the file, row, field and
+  fix, or, with ``on_bad_row="skip"``, a counted skip (``skip_reasons``).
 - ``Task.index`` and the ``task_id`` (``"{name}:{index}"``) use the row's index in the task set *before*
   skipping, so an id always points at the same row of the file.
 - The order of epoch ``e`` is a permutation seeded by ``(seed, e)`` alone, so ``(epoch, position)`` is
   the whole iteration state: ``state_dict()`` saves it and a resumed run continues with the same tasks.
 - ``max_rows`` keeps the first rows of the file (before skipping): a cheap way to run on a slice without
-  reading and checking the rest.
+  reading (JSON Lines) and checking the rest.
 
 Left out: streaming task sets larger than memory, and weighting or mixing task sets (a caller can hold
 several readers).
@@ -24,7 +25,14 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from trivium.buffer.task_checks import FieldSpec, check_row, describe_problems, field_specs, missing_columns
+from trivium.buffer.task_checks import (
+    FieldSpec,
+    RowProblem,
+    check_row,
+    describe_problems,
+    field_specs,
+    missing_columns,
+)
 from trivium.buffer.task_files import TaskDataError, load_rows
 from trivium.types import Task
 
@@ -64,13 +72,13 @@ class TaskSetReader:
     ) -> None:
         _check_args(name, repeat_times, on_bad_row, max_rows)
         self.name, self.shuffle, self.seed = name, shuffle, seed
-        loaded = load_rows(path, split=split, taskset=name)
-        rows = loaded.rows if max_rows is None else loaded.rows[:max_rows]
+        loaded = load_rows(path, split=split, taskset=name, on_bad_row=on_bad_row, max_rows=max_rows)
+        rows = loaded.rows
         specs = field_specs(fields, required)
         where = loaded.sources[0].name if len(loaded.sources) == 1 else str(path)
-        _check_columns(name, specs, rows, where)
+        _check_columns(name, specs, [r for i, r in enumerate(rows) if i not in loaded.unreadable], where)
 
-        problems = [p for i, row in enumerate(rows) for p in check_row(i, row, specs)]
+        problems = _row_problems(rows, loaded.unreadable, specs)
         if problems and on_bad_row == "error":
             raise TaskDataError(describe_problems(name, len(rows), problems, loaded.locate))
         bad = {p.index for p in problems}
@@ -191,6 +199,19 @@ def _check_args(name: str, repeat_times: int, on_bad_row: str, max_rows: int | N
         raise ValueError(f"task set {name!r}: on_bad_row={on_bad_row!r}; choose 'error' or 'skip'")
     if max_rows is not None and max_rows < 1:
         raise ValueError(f"task set {name!r}: max_rows={max_rows} must be >= 1, or None for all rows")
+
+
+def _row_problems(
+    rows: list[dict[str, Any]], unreadable: Mapping[int, tuple[str, str]], specs: list[FieldSpec]
+) -> list[RowProblem]:
+    """Every row's problems in row order; an unreadable row (skip mode) is one problem of its own."""
+    problems = []
+    for i, row in enumerate(rows):
+        if i in unreadable:
+            problems.append(RowProblem(i, None, "unreadable", unreadable[i]))
+        else:
+            problems += check_row(i, row, specs)
+    return problems
 
 
 def _check_columns(name: str, specs: list[FieldSpec], rows: list[dict[str, Any]], where: str) -> None:

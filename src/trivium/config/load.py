@@ -1,7 +1,17 @@
 """Load a YAML config, apply ``--set`` overrides, expand stages, and validate everything at once.
 
-Pure but for one thing: reading the YAML file is the only I/O, and the modules listed under `plugins`
-are imported (they register the parts the config names); nothing is created, downloaded or started here.
+Pure but for one thing: reading the YAML file (and the data files it names, to check them) is the only
+I/O, and the modules listed under ``plugins`` are imported (they register the parts the config names);
+nothing is created, downloaded or started here.
+
+Design decisions (a config may come from anywhere; every bad one is a ``ConfigError``, never a traceback):
+- The file is read by ``safe_yaml.load_yaml``: size, encoding, nesting and alias bombs are checked there.
+- A ``--set`` value is parsed with the same bounded loader; text that YAML cannot read is refused with a
+  hint to quote it, except a leading ``@`` or backtick (reserved by YAML, never meant as YAML): that is
+  a string.
+- Paths no file system accepts are refused before anything resolves them (``input_checks.check_paths``).
+- A check that crashes on a value (a bug in a check, or a part reference it cannot import) becomes a
+  problem naming the stage and the exception, so ``check-config`` still lists everything else.
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from trivium.config.errors import ConfigError, Problem, did_you_mean, join_path
+from trivium.config.safe_yaml import MAX_DEPTH, load_yaml, safe_yaml, shown
 from trivium.config.schema import TriviumConfig
 
 # Top-level keys that a stage may not change: they name the run folder shared by all stages.
@@ -38,21 +49,6 @@ class RunConfig:
     source: str  # the YAML file, for messages
 
 
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError([Problem("", str(path), "config file not found", "check the path after --config")])
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError([Problem("", str(path), f"not valid YAML: {exc}", "fix the YAML syntax")]) from exc
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ConfigError([Problem("", type(raw).__name__, "the top level must be a mapping", "")], str(path))
-    return raw
-
-
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``a.b.c=value`` overrides (value parsed as YAML; ``stages.1.trainer.lr=1e-5`` indexes lists)."""
     raw = copy.deepcopy(raw)
@@ -61,23 +57,47 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
             problems.append(
-                Problem(item, item, "an override must look like key.path=value", "e.g. --set trainer.lr=1e-5")
+                Problem(
+                    shown(item),
+                    shown(item),
+                    "an override must look like key.path=value",
+                    "e.g. --set trainer.lr=1e-5",
+                )
             )
             continue
         parts = key.strip().replace("[", ".").replace("]", "").split(".")
+        if len(parts) > MAX_DEPTH:
+            problems.append(Problem(shown(key), shown(text), f"the key path has over {MAX_DEPTH} parts", ""))
+            continue
+        try:
+            value = _parse_value(text)
+        except yaml.YAMLError as exc:
+            problems.append(
+                Problem(
+                    shown(key),
+                    shown(text),
+                    f"not a YAML value: {str(exc).splitlines()[0]}",
+                    f"quote a text value: --set '{shown(key, 60)}=\"...\"'",
+                )
+            )
+            continue
         node: Any = raw
         try:
             for part in parts[:-1]:
                 node = node[int(part)] if isinstance(node, list) else node.setdefault(part, {})
             last = parts[-1]
-            value = _parse_value(text)
             if isinstance(node, list):
                 node[int(last)] = value
             else:
                 node[last] = value
         except (ValueError, IndexError, TypeError, AttributeError):
             problems.append(
-                Problem(key, text, "the key path does not lead to a settable field", "check the path")
+                Problem(
+                    shown(key),
+                    shown(text),
+                    "the key path does not lead to a settable field",
+                    "check the path",
+                )
             )
     if problems:
         raise ConfigError(problems, "--set overrides")
@@ -85,8 +105,11 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 
 
 def _parse_value(text: str) -> Any:
-    """YAML value, with numbers YAML 1.1 reads as strings (``1e-5``) turned into floats."""
-    value = yaml.safe_load(text)
+    """YAML value, with numbers YAML 1.1 reads as strings (``1e-5``) turned into floats. Text starting with
+    ``@`` or a backtick (characters YAML reserves) is a string: ``--set model.path=@org/model``."""
+    if text.lstrip().startswith(("@", "`")):
+        return text.strip()
+    value = safe_yaml(text)
     if isinstance(value, str):
         try:
             return float(value) if any(c in value.lower() for c in ".e") else int(value)
@@ -125,7 +148,8 @@ def load_config(path: str | Path, overrides: list[str] | None = None, check_file
 def validate_raw(
     raw: dict[str, Any], base_dir: Path, source: str = "config", check_files: bool = True
 ) -> RunConfig:
-    from trivium.config.validate import check_semantics, resolve_paths
+    from trivium.config.input_checks import check_paths
+    from trivium.config.validate import resolve_paths
 
     problems: list[Problem] = []
     top = _validate_model(raw, (), problems)
@@ -165,8 +189,12 @@ def validate_raw(
         cfg = _validate_model(body, (prefix,) if prefix else (), problems)
         if cfg is None:
             continue
+        unusable = check_paths(cfg, prefix=str(prefix))
+        if unusable:  # a path no file system accepts: resolving or checking it would raise
+            problems.extend(unusable)
+            continue
         cfg = resolve_paths(cfg.model_copy(update={"stages": []}), base_dir)
-        problems.extend(check_semantics(cfg, prefix=str(prefix), check_files=check_files))
+        problems.extend(_checked(cfg, str(prefix), check_files))
         stages.append(Stage(name, cfg))
     if problems:
         raise ConfigError(_dedupe(problems), source)
@@ -188,6 +216,24 @@ def load_plugins(modules: list[str], base_dir: Path) -> list[Problem]:
     return problems
 
 
+def _checked(cfg: TriviumConfig, prefix: str, check_files: bool) -> list[Problem]:
+    """``check_semantics``, with a crash of a check turned into a problem (see the module docstring)."""
+    from trivium.config.input_checks import check_values
+    from trivium.config.validate import check_semantics
+
+    try:
+        return check_values(cfg, prefix) + check_semantics(cfg, prefix=prefix, check_files=check_files)
+    except Exception as exc:
+        return [
+            Problem(
+                prefix,
+                None,
+                f"a check of this config crashed on one of its values: {type(exc).__name__}: {shown(str(exc))}",
+                "look for a malformed value (e.g. a 'module:function' reference); please also report the crash",
+            )
+        ]
+
+
 def _validate_model(raw: dict[str, Any], prefix: tuple, problems: list[Problem]) -> TriviumConfig | None:
     try:
         return TriviumConfig.model_validate(raw)
@@ -199,7 +245,10 @@ def _validate_model(raw: dict[str, Any], prefix: tuple, problems: list[Problem])
 
 def _problem_from_pydantic(err: dict[str, Any], prefix: tuple) -> Problem:
     loc = tuple(err["loc"])
-    path = join_path(*prefix, *loc)
+    # An empty or non-text key (``"": 1``, ``null: 1``) would vanish from the path: quote it.
+    path = join_path(
+        *prefix, *(p if isinstance(p, int) or (isinstance(p, str) and p) else repr(p) for p in loc)
+    )
     kind = err["type"]
     if kind == "extra_forbidden":
         allowed = _fields_at(loc[:-1])
@@ -211,6 +260,7 @@ def _problem_from_pydantic(err: dict[str, Any], prefix: tuple) -> Problem:
     fixes = {
         "literal_error": "use one of the listed values",
         "enum": "use one of the listed values",
+        "finite_number": "write a finite number (.inf and .nan are not allowed)",
     }
     fix = fixes.get(kind) or _type_fix(kind)
     return Problem(path, err.get("input"), err["msg"], fix)

@@ -13,7 +13,21 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+    # allow_inf_nan=False: every float field is finite (``.inf`` / ``.nan`` are refused, naming the field).
+    model_config = ConfigDict(
+        extra="forbid", use_attribute_docstrings=True, validate_assignment=True, allow_inf_nan=False
+    )
+
+
+# Upper bounds: far beyond any real run, low enough that nothing downstream overflows (timeouts must stay
+# below threading.TIMEOUT_MAX; seeds within numpy's 2**32; counts within what fits in memory).
+COUNT_MAX = 1_000_000  # rows, batch sizes, samples, tokens, model widths
+STEPS_MAX = 1_000_000_000  # steps, intervals, uses
+SECONDS_MAX = 1e7  # ~115 days
+SEED_MAX = 2**32 - 1
+# Below this a temperature is refused (0 is greedy): logits / T overflows to inf, and the sampler's
+# softmax turns inf - inf into NaN. Shared by the config checks and the endpoint.
+MIN_TEMPERATURE = 1e-3
 
 
 class TinyModelConfig(StrictModel):
@@ -21,21 +35,21 @@ class TinyModelConfig(StrictModel):
 
     corpus: list[str] = Field(default_factory=list)
     """JSON/JSONL files whose string fields train the tokenizer (relative to the config file's folder)."""
-    vocab_size: int = Field(384, ge=261)
+    vocab_size: int = Field(384, ge=261, le=COUNT_MAX)
     """BPE vocabulary size: 256 byte tokens + 5 special tokens + learned merges."""
-    hidden_size: int = Field(128, ge=8)
+    hidden_size: int = Field(128, ge=8, le=65536)
     """Width of the transformer."""
-    num_layers: int = Field(4, ge=1)
+    num_layers: int = Field(4, ge=1, le=1024)
     """Number of decoder layers."""
-    num_heads: int = Field(4, ge=1)
+    num_heads: int = Field(4, ge=1, le=1024)
     """Attention heads; must divide hidden_size."""
-    num_kv_heads: int = Field(2, ge=1)
+    num_kv_heads: int = Field(2, ge=1, le=1024)
     """Key/value heads (grouped-query attention); must divide num_heads."""
-    intermediate_size: int = Field(512, ge=8)
+    intermediate_size: int = Field(512, ge=8, le=COUNT_MAX)
     """MLP width."""
     architecture: Literal["qwen2", "llama"] = "qwen2"
     """transformers architecture to instantiate."""
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=SEED_MAX)
     """Seed for the weights; the same seed and corpus give byte-identical files."""
 
 
@@ -79,7 +93,7 @@ class RolloutConfig(StrictModel):
     autocast_dtype: Literal["bfloat16", "float16"] | None = None
     """transformers engine only: keep the weights in ``dtype`` and run the forward under torch.autocast in
     this dtype (matmuls in bf16, the rest fp32). None: off."""
-    vllm_kv_cache_gb: float | None = Field(None, gt=0)
+    vllm_kv_cache_gb: float | None = Field(None, gt=0, le=1e5)
     """vLLM only: KV cache size in GiB. None: 1 GiB on CPU (or VLLM_CPU_KVCACHE_SPACE), and on GPU the
     vllm_gpu_memory_utilization share."""
     vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
@@ -87,22 +101,22 @@ class RolloutConfig(StrictModel):
     GPU in mode 'both', so this stays well below vLLM's own default of 0.9."""
     vllm_enforce_eager: bool | None = None
     """vLLM only: run without torch.compile / CUDA graphs. None: eager on CPU, compiled on GPU."""
-    temperature: float = Field(1.0, ge=0.0)
+    temperature: float = Field(1.0, ge=0.0, le=100.0)
     """Sampling temperature; 0 means greedy. Trainer log-probs use the same temperature."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     """Nucleus sampling mass; 1.0 turns it off."""
-    top_k: int = Field(0, ge=0)
+    top_k: int = Field(0, ge=0, le=COUNT_MAX)
     """Sample among the k most likely tokens; 0 turns it off."""
-    max_tokens: int = Field(64, ge=1)
+    max_tokens: int = Field(64, ge=1, le=COUNT_MAX)
     """Maximum generated tokens per response; also C of the seq-mean-token-sum-norm aggregation."""
     stop: list[str] = Field(default_factory=list)
     """Extra stop strings (EOS always stops)."""
 
 
 class EvalConfig(StrictModel):
-    temperature: float = Field(0.0, ge=0.0)
+    temperature: float = Field(0.0, ge=0.0, le=100.0)
     """Sampling temperature for evaluation; 0 = greedy."""
-    repeat_times: int = Field(1, ge=1)
+    repeat_times: int = Field(1, ge=1, le=10_000)
     """Samples per eval task; accuracy is averaged over them."""
 
 
@@ -111,15 +125,15 @@ class ExplorerConfig(StrictModel):
     """How responses are sampled."""
     eval: EvalConfig = Field(default_factory=EvalConfig)
     """How eval task sets are sampled."""
-    eval_interval: int = Field(10, ge=0)
+    eval_interval: int = Field(10, ge=0, le=STEPS_MAX)
     """Evaluate every this many steps (and always at the end); 0 = only at the start and the end."""
     eval_at_start: bool = True
     """Evaluate the starting model before the first step (the baseline of the learning curve)."""
-    max_concurrency: int = Field(0, ge=0)
+    max_concurrency: int = Field(0, ge=0, le=COUNT_MAX)
     """Workflow runs in flight at once; their model calls are batched together. 0 = one per task."""
-    max_retries: int = Field(0, ge=0)
+    max_retries: int = Field(0, ge=0, le=1000)
     """Re-run a task whose workflow raised, up to this many more times (fresh workflow and environments)."""
-    workflow_timeout_s: float = Field(0.0, ge=0)
+    workflow_timeout_s: float = Field(0.0, ge=0, le=SECONDS_MAX)
     """A task still running after this many seconds fails at its next model call; 0 = no limit.
     Environment steps have their own limit (workflow_args.env_timeout_s of the multi-turn workflows)."""
 
@@ -130,7 +144,7 @@ class TaskSetConfig(StrictModel):
     name: str = ""
     """Name used in task ids, metrics and errors; defaults to the file stem."""
     split: str = "train"
-    """Split name passed to the HF datasets loader."""
+    """Not used: task files are read by trivium's own reader (one file is one split); kept so configs load."""
     fields: dict[str, str] = Field(default_factory=dict)
     """Map from the workflow's field name to the column in the file, e.g. {question: problem}."""
     workflow: str = "math"
@@ -139,13 +153,13 @@ class TaskSetConfig(StrictModel):
     """Extra arguments for the workflow (e.g. prompt_template, system_prompt)."""
     reward_fn: str = "math_verify"
     """Registered reward function."""
-    repeat_times: int = Field(8, ge=1)
+    repeat_times: int = Field(8, ge=1, le=10_000)
     """Responses sampled per task (the GRPO group size)."""
     shuffle: bool = True
     """Shuffle the rows every epoch (seeded: the order depends only on the seed and the epoch)."""
     on_bad_row: Literal["error", "skip"] = "error"
     """A row with a missing, mistyped or empty field: stop with an error naming it, or skip and count it."""
-    max_rows: int | None = Field(None, ge=1)
+    max_rows: int | None = Field(None, ge=1, le=STEPS_MAX)
     """Use only the first N rows (quick runs)."""
 
 
@@ -163,7 +177,7 @@ class SftDatasetConfig(StrictModel):
     """Shuffle every epoch (seeded)."""
     on_bad_row: Literal["error", "skip"] = "error"
     """A row with a missing, mistyped or empty field: stop with an error naming it, or skip and count it."""
-    max_rows: int | None = Field(None, ge=1)
+    max_rows: int | None = Field(None, ge=1, le=STEPS_MAX)
     """Use only the first N rows."""
 
 
@@ -178,7 +192,7 @@ class PreferenceDatasetConfig(StrictModel):
     """Shuffle every epoch (seeded)."""
     on_bad_row: Literal["error", "skip"] = "error"
     """A row with a missing, mistyped or empty field: stop with an error naming it, or skip and count it."""
-    max_rows: int | None = Field(None, ge=1)
+    max_rows: int | None = Field(None, ge=1, le=STEPS_MAX)
     """Use only the first N rows."""
 
 
@@ -187,9 +201,9 @@ class ReplayConfig(StrictModel):
     """Priority gained per model version of an experience (newer first)."""
     use_weight: float = 1.0
     """Priority lost per time an experience was trained on."""
-    cooldown_steps: int = Field(0, ge=0)
+    cooldown_steps: int = Field(0, ge=0, le=STEPS_MAX)
     """Steps before a trained experience may be served again."""
-    max_uses: int | None = Field(None, ge=1)
+    max_uses: int | None = Field(None, ge=1, le=STEPS_MAX)
     """Times an experience may be trained on; None = no limit."""
 
 
@@ -207,16 +221,16 @@ class StorageConfig(StrictModel):
     """fifo: every experience trained exactly once, in order; replay: by priority (see replay)."""
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     """Priority replay settings (policy replay)."""
-    read_timeout_s: float = Field(600.0, gt=0)
+    read_timeout_s: float = Field(600.0, gt=0, le=SECONDS_MAX)
     """The trainer gives up when no batch arrives for this long (is the explore process running?)."""
 
 
 class BufferConfig(StrictModel):
-    batch_size: int = Field(16, ge=1)
+    batch_size: int = Field(16, ge=1, le=COUNT_MAX)
     """Tasks per explore step (online modes) or examples per train step (train mode)."""
-    total_steps: int | None = Field(None, ge=1)
+    total_steps: int | None = Field(None, ge=1, le=STEPS_MAX)
     """Steps to run; if unset, total_epochs passes over the training data decide."""
-    total_epochs: int = Field(1, ge=1)
+    total_epochs: int = Field(1, ge=1, le=COUNT_MAX)
     """Passes over the task set / dataset when total_steps is unset."""
     taskset: TaskSetConfig | None = None
     """Tasks the explorer learns from (modes that explore)."""
@@ -228,11 +242,11 @@ class BufferConfig(StrictModel):
     """Preference pairs for DPO in train mode."""
     expert_dataset: SftDatasetConfig | None = None
     """Expert demonstrations mixed into RL batches (CHORD, algorithm_type mix_chord)."""
-    expert_per_step: int = Field(0, ge=0)
+    expert_per_step: int = Field(0, ge=0, le=COUNT_MAX)
     """Expert sequences added to every RL train batch from expert_dataset (e.g. 20% of the batch)."""
     storage: StorageConfig | None = None
     """Persistent experience buffer shared by separate explore and train processes."""
-    queue_capacity: int = Field(0, ge=0)
+    queue_capacity: int = Field(0, ge=0, le=STEPS_MAX)
     """Experiences the in-process queue holds before the explorer blocks; 0 = two train batches."""
 
 
@@ -252,7 +266,7 @@ class KLPenaltyConfig(StrictModel):
     """Adapt β towards target_kl (Ziegler et al.)."""
     target_kl: float = Field(0.1, gt=0.0)
     """KL the adaptive controller aims for."""
-    horizon: int = Field(10000, ge=1)
+    horizon: int = Field(10000, ge=1, le=STEPS_MAX)
     """Horizon of the adaptive controller, in sequences."""
 
 
@@ -263,7 +277,7 @@ class CriticConfig(StrictModel):
     """Critic learning rate (its own AdamW)."""
     value_clip: float = Field(0.5, ge=0.0)
     """ε_V of the clipped value loss."""
-    warmup_steps: int = Field(0, ge=0)
+    warmup_steps: int = Field(0, ge=0, le=STEPS_MAX)
     """Steps during which only the critic trains (the policy waits for useful values)."""
     gamma: float = Field(1.0, ge=0.0, le=1.0)
     """GAE discount γ."""
@@ -274,14 +288,14 @@ class CriticConfig(StrictModel):
 class DynamicSamplingConfig(StrictModel):
     enabled: bool = False
     """DAPO dynamic sampling: drop groups whose rewards are all equal and sample more tasks to refill."""
-    max_rounds: int = Field(10, ge=0)
+    max_rounds: int = Field(10, ge=0, le=COUNT_MAX)
     """Give up with an error after this many extra sampling rounds in one step (0 = unlimited)."""
 
 
 class OverlongPenaltyConfig(StrictModel):
     enabled: bool = False
     """DAPO overlong reward shaping, added to the task reward."""
-    cache_length: int = Field(4, ge=1)
+    cache_length: int = Field(4, ge=1, le=COUNT_MAX)
     """L_cache: the penalty ramps from 0 to -factor over the last cache_length tokens before max_tokens."""
     factor: float = Field(1.0, ge=0.0)
     """Scale of the penalty."""
@@ -347,19 +361,19 @@ class TrainerConfig(StrictModel):
     """AdamW betas."""
     lr_scheduler: Literal["constant", "cosine", "linear"] = "constant"
     """Learning-rate schedule after warm-up."""
-    warmup_steps: int = Field(0, ge=0)
+    warmup_steps: int = Field(0, ge=0, le=STEPS_MAX)
     """Linear warm-up steps (optimizer steps)."""
     min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
     """Final learning rate of the cosine/linear schedule, as a fraction of lr."""
     grad_clip: float = Field(1.0, ge=0.0)
     """Clip the global gradient norm to this; 0 turns clipping off."""
-    ppo_epochs: int = Field(1, ge=1)
+    ppo_epochs: int = Field(1, ge=1, le=10_000)
     """Passes over each batch."""
-    mini_batch_size: int = Field(0, ge=0)
+    mini_batch_size: int = Field(0, ge=0, le=COUNT_MAX)
     """Experiences per optimizer step; 0 = the whole batch (one update per batch and epoch)."""
-    micro_batch_size: int = Field(32, ge=1)
+    micro_batch_size: int = Field(32, ge=1, le=COUNT_MAX)
     """Rows per forward/backward pass; the loss does not depend on it (global denominators)."""
-    pack_length: int | None = Field(None, ge=1)
+    pack_length: int | None = Field(None, ge=1, le=COUNT_MAX)
     """Pack sequences into rows of this many tokens instead of padding each to the longest."""
     max_abs_reward: float = Field(1e6, gt=0)
     """Experiences whose reward is non-finite or larger than this in magnitude are dropped before training
@@ -367,12 +381,12 @@ class TrainerConfig(StrictModel):
     skip_grad_norm: float = Field(1e6, gt=0)
     """An optimizer update whose gradient norm (before clipping) is non-finite or above this is not made
     (train/skipped_updates); the weights stay the last good ones."""
-    max_bad_steps: int = Field(3, ge=1)
+    max_bad_steps: int = Field(3, ge=1, le=STEPS_MAX)
     """Stop the run after this many train steps in a row with skipped updates or dropped-to-nothing batches
     (the newest checkpoint holds the last good weights)."""
-    save_interval: int = Field(0, ge=0)
+    save_interval: int = Field(0, ge=0, le=STEPS_MAX)
     """Save a checkpoint every this many steps (and always at the end); 0 = only at the end."""
-    keep_checkpoints: int = Field(2, ge=1)
+    keep_checkpoints: int = Field(2, ge=1, le=10_000)
     """Most recent step checkpoints kept on disk."""
 
 
@@ -391,13 +405,13 @@ class SynchronizerConfig(StrictModel):
     """gloo on CPU; nccl when both processes hold the weights on CUDA devices."""
     checkpoint_dir: str = ""
     """Folder of published weight versions (method checkpoint); empty = sync/ in the run folder."""
-    wait_timeout_s: float = Field(600.0, gt=0)
+    wait_timeout_s: float = Field(600.0, gt=0, le=SECONDS_MAX)
     """An explore process gives up when the weights it must wait for do not arrive within this time."""
-    sync_interval: int = Field(1, ge=1)
+    sync_interval: int = Field(1, ge=1, le=STEPS_MAX)
     """Trainer steps between weight syncs (1 = strictly on-policy)."""
-    sync_offset: int = Field(0, ge=0)
+    sync_offset: int = Field(0, ge=0, le=COUNT_MAX)
     """Explore steps the explorer may run ahead of the trainer (0 = alternate; > 0 = overlap in a thread)."""
-    max_staleness: int | None = Field(None, ge=0)
+    max_staleness: int | None = Field(None, ge=0, le=STEPS_MAX)
     """Experiences sampled by weights more than this many versions old are dropped or kept (staleness_policy)."""
     staleness_policy: Literal["drop", "keep"] = "drop"
     """What to do with experiences over max_staleness: drop them, or keep them (counted in the metrics)."""
@@ -439,7 +453,7 @@ class ServeConfig(StrictModel):
     """Mode serve: the OpenAI-compatible endpoint over the current policy (see docs/serve.md)."""
 
     host: str = "127.0.0.1"
-    """Interface to listen on; 0.0.0.0 serves other machines (set api_key_env then)."""
+    """Interface to listen on; 0.0.0.0 serves other machines (api_key_env is required then)."""
     port: int = Field(0, ge=0, le=65535)
     """Port; 0 = a free one. The chosen URL is written to serve.json in the run folder."""
     api_key_env: str = ""
@@ -448,11 +462,34 @@ class ServeConfig(StrictModel):
     resolved config."""
     model_name: str = ""
     """Model name in responses and /v1/models; empty = the run name."""
-    poll_interval_s: float = Field(5.0, gt=0)
+    poll_interval_s: float = Field(5.0, ge=0.01, le=SECONDS_MAX)
     """Seconds between looks for a newer weights version published by the train process."""
-    keep_calls: int = Field(1000, ge=1)
+    keep_calls: int = Field(1000, ge=1, le=COUNT_MAX)
     """Calls kept in memory so that a chat continuing an earlier one reuses its sampled token ids; the
     oldest are dropped after this many (every call is in the buffer already)."""
+    max_body_bytes: int = Field(4 << 20, ge=1024, le=1 << 30)
+    """Largest request body accepted (413 beyond), checked while it is read, before it is parsed."""
+    max_json_depth: int = Field(64, ge=4, le=1000)
+    """Deepest JSON nesting of a request body (e.g. tool schemas); 400 beyond, checked before parsing."""
+    body_timeout_s: float = Field(30.0, gt=0, le=SECONDS_MAX)
+    """A request body must arrive within this many seconds (408 otherwise): slow senders hold no worker."""
+    max_n: int = Field(128, ge=1, le=COUNT_MAX)
+    """Most choices (n) one request may ask for (400 beyond)."""
+    split_n: int = Field(8, ge=1, le=COUNT_MAX)
+    """Samples generated per turn: a request for more is split, and its turns alternate with other requests'
+    in one FIFO line, so one big request cannot hold the engine while small ones wait."""
+    max_tokens: int | None = Field(None, ge=1, le=COUNT_MAX)
+    """Cap on a request's max_tokens (a larger one is lowered to it); None: the model's context."""
+    max_concurrent: int = Field(64, ge=1, le=100_000)
+    """Turns generating at once (merged into one engine batch); more wait in line."""
+    queue_timeout_s: float = Field(60.0, gt=0, le=SECONDS_MAX)
+    """A turn waiting longer than this in line is answered 503 (Retry-After) instead."""
+    request_timeout_s: float = Field(600.0, gt=0, le=SECONDS_MAX)
+    """A request still generating after this long stops at its next turn (504); a turn is never cut."""
+    reward_min: float = -1e6
+    """Smallest reward POST /feedback accepts (400 below): one absurd reward would swamp a batch."""
+    reward_max: float = 1e6
+    """Largest reward POST /feedback accepts (400 above)."""
 
 
 class TriviumConfig(StrictModel):
@@ -467,9 +504,9 @@ class TriviumConfig(StrictModel):
     only, from a dataset (SFT, DPO) or from buffer.storage (online algorithms); bench: evaluate the base
     model and checkpoints on the eval task sets; serve: answer live traffic, record it into buffer.storage
     and reward it later by POST /feedback, following the weights a train process publishes."""
-    seed: int = 0
-    """Seed for Python, torch and data order."""
-    plugins: list[str] = Field(default_factory=list)
+    seed: int = Field(0, ge=0, le=SEED_MAX)
+    """Seed for Python, torch and data order (numpy and vLLM take at most 2**32 - 1)."""
+    plugins: list[str] = Field(default_factory=list, max_length=256)
     """Your Python modules, imported before the config is checked, e.g. [my_parts, my_pkg.rewards]: the
     workflows, rewards, environments, tools, agents and algorithm parts they register can then be named
     here like built-in ones (any part can also be named 'module:attr' without registering it). Found in

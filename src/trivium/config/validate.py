@@ -77,7 +77,6 @@ def check_semantics(cfg: TriviumConfig, prefix: str = "", check_files: bool = Tr
 
 def _check_serve(cfg: TriviumConfig, at) -> list[Problem]:
     """Mode serve records into a SQL buffer and follows the weights of a separate train process."""
-    import os
 
     if cfg.mode != "serve":
         return []
@@ -100,14 +99,43 @@ def _check_serve(cfg: TriviumConfig, at) -> list[Problem]:
                 "use method: checkpoint (the same config in mode train publishes them)",
             )
         )
-    key_env = cfg.serve.api_key_env
-    if key_env and not os.environ.get(key_env):
+    return out + _check_serve_safety(cfg, at)
+
+
+def _check_serve_safety(cfg: TriviumConfig, at) -> list[Problem]:
+    """An API key that exists and is not blank, required off loopback; reward bounds in order."""
+    import os
+
+    from trivium.config.input_checks import is_loopback
+
+    s, out = cfg.serve, []
+    if s.api_key_env and not os.environ.get(s.api_key_env, "").strip():
         out.append(
             Problem(
                 at("serve.api_key_env"),
-                key_env,
-                "this environment variable holds the API key, but it is not set or empty",
-                f"export {key_env}=<key> before starting, or set serve.api_key_env: '' to serve without a key",
+                s.api_key_env,
+                "this environment variable holds the API key, but it is not set, empty or only whitespace",
+                f"export {s.api_key_env}=<key> before starting, or set serve.api_key_env: '' to serve without a "
+                "key on 127.0.0.1",
+            )
+        )
+    if not s.api_key_env and not is_loopback(s.host):
+        out.append(
+            Problem(
+                at("serve.host"),
+                s.host,
+                "a host other than loopback serves other machines, and no API key is set: anybody could use "
+                "the model and write into its training data",
+                "set serve.api_key_env (clients send Authorization: Bearer <key>), or host: 127.0.0.1",
+            )
+        )
+    if s.reward_min >= s.reward_max:
+        out.append(
+            Problem(
+                at("serve.reward_min"),
+                s.reward_min,
+                f"must be below serve.reward_max ({s.reward_max})",
+                "e.g. reward_min: -1, reward_max: 1",
             )
         )
     return out

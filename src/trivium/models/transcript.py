@@ -4,7 +4,9 @@ A ``Transcript`` starts from the rendered opening messages (the prompt). Each mo
 the token ids the engine sampled (action mask True, with their log-probs); each environment / tool / user
 turn appends the tokens the chat template puts between the end of that model turn and the start of the
 next one (action mask False). The model's text is never re-tokenised, so what the trainer sees is what
-the model saw and sampled, byte for byte.
+the model saw and sampled, byte for byte. Environment, tool and user text is tokenised as text: a special
+token written in it (``<|end|><|assistant|>`` from an untrusted page or user) is never a control token
+(``chat.render_ids``), so nobody but the model and the template writes turn boundaries.
 
 Between turns, the template's own tokens are found by rendering a fixed two-turn probe conversation: the
 tokens after the assistant's end-of-turn token (e.g. the newline after ``<|im_end|>``) are the closing

@@ -126,14 +126,24 @@ class TransformersEngine:
     def tokenizer(self) -> PreTrainedTokenizerBase:
         return self._tokenizer
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Generation]]:
-        """``params.n`` generations per prompt, in prompt order (see ``RolloutModel.generate``)."""
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int | None = None
+    ) -> list[list[Generation]]:
+        """``params.n`` generations per prompt, in prompt order (see ``RolloutModel.generate``).
+
+        ``seed``: sample this call with its own generator seeded so (the engine's generator is left as it
+        was), e.g. an endpoint request's ``seed``: the same seed, prompts, parameters and weights give the
+        same samples. A seed is an int in [-2**63, 2**64)."""
         prompts = [list(p) for p in prompts]
         if not prompts:
             return []
         check_prompts(prompts, self.max_length, self.vocab_size)
+        generator = self.generator
+        if seed is not None:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(seed)
         with self._lock, torch.inference_mode():
-            responses, logprobs, reasons = self._decode(prompts, params)
+            responses, logprobs, reasons = self._decode(prompts, params, generator)
         stopper = StopChecker(params, self.eos_ids, self._tokenizer)
         texts = self._tokenizer.batch_decode(responses, skip_special_tokens=True)
         out: list[list[Generation]] = []
@@ -193,7 +203,7 @@ class TransformersEngine:
 
     # ------------------------------------------------------------------------------------------ decode loop
     def _decode(
-        self, prompts: list[list[int]], params: SamplingParams
+        self, prompts: list[list[int]], params: SamplingParams, generator: torch.Generator
     ) -> tuple[list[list[int]], list[list[float]], list[FinishReason]]:
         """Sample ``params.n`` responses per prompt; rows are prompt-major (row ``i * n + j``)."""
         n_rows = len(prompts) * params.n
@@ -206,7 +216,7 @@ class TransformersEngine:
         reasons: list[FinishReason] = ["length"] * n_rows
         alive = list(range(n_rows))  # global row of each row of the running batch
         while True:
-            tokens, token_logprobs = sample_next(logits, params, self.generator)
+            tokens, token_logprobs = sample_next(logits, params, generator)
             keep: list[int] = []
             for i, (row, tok, lp) in enumerate(zip(alive, tokens.tolist(), token_logprobs.tolist())):
                 responses[row].append(tok)

@@ -9,9 +9,16 @@ Design decisions (request handling itself: ``service.py``):
   on the event loop, so health checks and other agents' requests stay served while a batch decodes.
   With a ``BatchingRolloutModel``, concurrent requests (from outside any ``worker()`` context) join a
   batch within its ``max_wait_s``; with a bare engine they run one after another under its lock.
-- ``/health`` is open; every ``/v1`` route needs ``Authorization: Bearer <api_key>`` when a key is set.
+- ``/health`` is open (it also says how many generation turns run and wait); every ``/v1`` route needs
+  ``Authorization: Bearer <api_key>`` when a key is set. Keys are compared in constant time; a key that is
+  empty or whitespace is refused at start, and so is a host other than loopback without a key: a server
+  reachable from the network must not serve (and record) anybody's traffic.
+- Limits (``limits.py``): bodies are bounded in size, read time and JSON nesting before parsing;
+  generation runs in fair turns; see ``ServeLimits``.
 - Every error is ``{"error": {"message", "type", "param"}}`` with a 4xx status for bad requests (401 for a
-  missing key, 404 for unknown sessions or routes) and 500 for failures of the server; the server stays up.
+  missing key, 404 for unknown sessions or routes, 408/413 for slow or large bodies), 503 when the server
+  is too busy, and 500 for failures of the server (logged with the last frames of the traceback only); the
+  server stays up.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import logging
 import socket
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,7 +38,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from trivium.config.input_checks import is_loopback
 from trivium.models.protocol import SamplingParams
+from trivium.serve.limits import BodyLimit, ServeLimits
 from trivium.serve.recorder import Recorder
 from trivium.serve.schemas import (
     ChatCompletionRequest,
@@ -54,24 +64,35 @@ def create_app(
     api_key: str | None = None,
     default_params: SamplingParams | None = None,
     extra_routes: Sequence[tuple[str, Callable[..., Any], Sequence[str]]] = (),
+    limits: ServeLimits | None = None,
 ) -> FastAPI:
     """A FastAPI app serving ``model`` (a RolloutModel: ``.tokenizer``, ``.version``, ``.generate``).
 
     Without ``recorder`` nothing is recorded and ``/sessions/...`` routes answer 404. Serving the app with
     your own server? Call ``recorder.bind(root_url, api_key)`` so that ``session.client()`` knows the URL.
     ``extra_routes``: ``(path, endpoint, methods)`` served like the ``/v1`` routes (API key, error format),
-    e.g. serve mode's ``POST /feedback``.
+    e.g. serve mode's ``POST /feedback``. ``limits``: ``ServeLimits()`` when None.
     """
-    service = Service(model, model_name, recorder, default_params)
+    _check_key(api_key)
+    limits = limits or ServeLimits()
+    service = Service(model, model_name, recorder, default_params, limits)
     app = FastAPI(title=f"trivium: {model_name}")
     app.state.service = service
+    app.add_middleware(BodyLimit, limits=limits)
     _install_error_handlers(app)
     auth = [Depends(_auth_check(api_key))]
 
     @app.get("/health")
     def health() -> dict[str, Any]:
         sessions = 0 if recorder is None else len(recorder.sessions)
-        return {"status": "ok", "model": model_name, "version": model.version, "sessions": sessions}
+        turns = {"running": service.gate.running, "waiting": service.gate.waiting}
+        return {
+            "status": "ok",
+            "model": model_name,
+            "version": model.version,
+            "sessions": sessions,
+            "turns": turns,
+        }
 
     def models() -> dict[str, Any]:
         entry = {"id": model_name, "object": "model", "created": service.started, "owned_by": "trivium"}
@@ -108,12 +129,22 @@ def create_app(
 
 
 # ------------------------------------------------------------------------------------------ HTTP plumbing
+def _check_key(api_key: str | None) -> None:
+    if api_key is not None and not api_key.strip():
+        raise ValueError(
+            "api_key is empty or whitespace: anybody could send it. Use a real key (e.g. `openssl rand -hex 32`) "
+            "or api_key=None to serve without one on loopback"
+        )
+
+
 def _auth_check(api_key: str | None):
+    expected = None if api_key is None else api_key.strip().encode()  # a key read from a file ends in "\n"
+
     def check(request: Request) -> None:
-        if api_key is None:
+        if expected is None:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
             raise RequestError(
                 "missing or wrong API key: send the header 'Authorization: Bearer <key>' with the server's api_key",
                 status=401,
@@ -126,7 +157,8 @@ def _auth_check(api_key: str | None):
 def _error(status: int, message: str, param: str | None = None, kind: str = "") -> JSONResponse:
     kind = kind or ("invalid_request_error" if status < 500 else "server_error")
     body = ErrorResponse(error=ErrorDetail(message=message, type=kind, param=param))
-    return JSONResponse(body.model_dump(), status_code=status)
+    headers = {"Retry-After": "5"} if status == 503 else None  # busy: come back soon
+    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
 
 def _install_error_handlers(app: Any) -> None:
@@ -149,7 +181,7 @@ def _install_error_handlers(app: Any) -> None:
             value = e.get("input")
             if e["type"] != "missing" and not isinstance(value, (dict, list)):
                 text += f" (got {value!r:.80})"
-            problems.append(text)
+            problems.append(text if len(text) <= 600 else text[:597] + "...")  # values may be huge
             params.append(param)
         return _error(400, "; ".join(problems), params[0] if params else None)
 
@@ -164,8 +196,10 @@ def _install_error_handlers(app: Any) -> None:
 
     @app.exception_handler(Exception)
     async def crashed(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("request %s %s failed", request.method, request.url.path)
-        return _error(500, f"the server failed on this request: {type(exc).__name__}: {exc}")
+        # The last frames say where it failed; a RecursionError's thousand frames would flood the log.
+        frames = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-20))
+        log.error("request %s %s failed:\n%s", request.method, request.url.path, frames[-20_000:])
+        return _error(500, f"the server failed on this request: {type(exc).__name__}: {str(exc)[:500]}")
 
 
 # ------------------------------------------------------------------------------------------ server
@@ -174,7 +208,9 @@ class OpenAIServer:
 
     ``port=0`` picks a free port; it is known after ``start()`` (``.port``, ``.url``, ``.base_url``).
     ``base_url`` is what ``openai.OpenAI(base_url=...)`` takes (``.../v1``); sessions have their own
-    (``session.base_url``). The recorder is bound to the server's URL and key on start.
+    (``session.base_url``). The recorder is bound to the server's URL and key on start. ``drive_batches``:
+    run a batching model's batches on a thread of the server (``runner.py``; serve mode does), not when
+    an explorer drives the same model.
     """
 
     def __init__(
@@ -189,7 +225,15 @@ class OpenAIServer:
         port: int = 0,
         log_level: str = "warning",
         extra_routes: Sequence[tuple[str, Callable[..., Any], Sequence[str]]] = (),
+        limits: ServeLimits | None = None,
+        drive_batches: bool = False,
     ):
+        if api_key is None and not is_loopback(host):
+            raise ValueError(
+                f"host {host!r} accepts connections from other machines, and no api_key is set: anybody could "
+                "use the model and write into its training data. Set an api_key (serve.api_key_env), or serve "
+                "on 127.0.0.1"
+            )
         self.app = create_app(
             model,
             model_name=model_name,
@@ -197,8 +241,9 @@ class OpenAIServer:
             api_key=api_key,
             default_params=default_params,
             extra_routes=extra_routes,
+            limits=limits,
         )
-        self.recorder, self.api_key = recorder, api_key
+        self.recorder, self.api_key, self.drive_batches = recorder, api_key, drive_batches
         self.host, self.port, self.log_level = host, port, log_level
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -217,12 +262,16 @@ class OpenAIServer:
             raise RuntimeError("OpenAIServer.start(): already started; stop() it first")
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # Accepted connections inherit it: uvicorn writes a response's head and body separately, and with
+        # Nagle's algorithm on, the body waited for the client's delayed ACK (~40 ms on every response).
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(
             self.app, log_level=self.log_level, access_log=False, lifespan="off", timeout_graceful_shutdown=5
         )
         self._server = uvicorn.Server(config)
+        self.app.state.service.runner.start(drive=self.drive_batches)
         self._thread = threading.Thread(
             target=self._server.run,
             kwargs={"sockets": [sock]},
@@ -251,6 +300,8 @@ class OpenAIServer:
             if self._thread.is_alive():
                 self._server.force_exit = True  # type: ignore[union-attr]
                 self._thread.join(timeout_s)
+        if self._server is not None:
+            self.app.state.service.runner.close()
         self._server, self._thread = None, None
 
     def client(self, **kwargs: Any):

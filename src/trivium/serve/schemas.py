@@ -2,7 +2,12 @@
 
 Design decisions:
 - Unknown request fields are ignored (``extra="ignore"``): agents and SDKs send many optional fields
-  (``user``, ``seed``, ``store``, ``metadata``, ...) that change nothing a trainer cares about.
+  (``user``, ``store``, ``metadata``, ...) that change nothing a trainer cares about. ``seed`` is honoured
+  (``service.py``); ``response_format`` other than ``{"type": "text"}`` is refused (nothing constrains
+  decoding to JSON, and a reply that ignores the format silently would break the agent later).
+- Every number is bounded (finite floats; ints that fit the engine): the values a request may really ask
+  for depend on the model and the server's limits, and are checked in ``service.py`` with the reason.
+  ``temperature`` is 0 (greedy) or at least ``MIN_TEMPERATURE``: smaller ones overflow the scaled logits.
 - Known fields whose non-default value would change what the response *means* are refused with a 400
   naming the field (``top_logprobs > 0``, penalties, ``logit_bias``, ``echo``, ``best_of``, a forced
   ``tool_choice``): silently ignoring them would give the agent log-probs or samples that are not what
@@ -21,10 +26,12 @@ Design decisions:
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from trivium.config.schema import MIN_TEMPERATURE
 from trivium.tools.calls import Tool
 
 __all__ = [
@@ -54,8 +61,12 @@ def _refuse_if(value: Any, refused: bool, fix: str) -> Any:
     return value
 
 
+INT32_MAX = 2**31 - 1  # larger counts are nonsense for any engine
+MAX_STOPS, MAX_STOP_CHARS = 16, 1000
+
+
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
 # ------------------------------------------------------------------------------------------ chat requests
@@ -169,16 +180,48 @@ class StreamOptions(_Request):
     include_usage: bool = False
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lone_surrogate(data: Any) -> str | None:
+    """The path of the first string in ``data`` holding a lone UTF-16 surrogate (JSON allows ``"\\ud800"``,
+    but no UTF-8 text holds one, and the tokenizer raises on it), or None."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, str) and _SURROGATE.search(node):
+            return path or "body"
+        if isinstance(node, dict):
+            stack += [(f"{path}.{k}" if path else str(k), v) for k, v in node.items()]
+            stack += [(path or "body", k) for k in node if isinstance(k, str)]
+        elif isinstance(node, list):
+            stack += [(f"{path}.{i}" if path else str(i), v) for i, v in enumerate(node)]
+    return None
+
+
 class _Sampling(_Request):
     """Fields shared by both endpoints; ``None`` means the server's default (``default_params``)."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _text_is_unicode(cls, data: Any) -> Any:
+        where = _lone_surrogate(data)
+        if where is not None:
+            raise ValueError(
+                f"{where} holds a lone UTF-16 surrogate (an escape like \\ud800 without its pair), which is not "
+                "text; send valid Unicode"
+            )
+        return data
+
     model: str | None = None
-    n: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0)
+    n: int | None = Field(None, ge=1, le=INT32_MAX)  # the server's cap: serve.max_n
+    temperature: float | None = Field(None, ge=0, le=100)
     top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=0)  # extension (as in vLLM); 0 turns it off
-    max_tokens: int | None = Field(None, ge=1)
+    top_k: int | None = Field(None, ge=0, le=INT32_MAX)  # extension (as in vLLM); 0 turns it off
+    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     stop: str | list[str] | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)
+    response_format: Any = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = None
@@ -191,7 +234,29 @@ class _Sampling(_Request):
         stops = [value] if isinstance(value, str) else list(value or [])
         if any(not s for s in stops):
             raise ValueError("stop strings must be non-empty")
+        if len(stops) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise ValueError(f"at most {MAX_STOPS} stop strings of at most {MAX_STOP_CHARS} characters each")
         return stops
+
+    @field_validator("temperature")
+    @classmethod
+    def _not_tiny(cls, value: float | None) -> float | None:
+        if value is not None and 0 < value < MIN_TEMPERATURE:
+            raise ValueError(
+                f"must be 0 (greedy) or at least {MIN_TEMPERATURE}: smaller temperatures overflow the logits"
+            )
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, value: Any) -> Any:
+        kind = value.get("type") if isinstance(value, dict) else value
+        return _refuse_if(
+            value,
+            kind not in (None, "text"),
+            f"response_format {kind!r:.60}: decoding is not constrained to JSON; leave it unset or "
+            "{'type': 'text'} and parse the reply yourself",
+        )
 
     @field_validator("presence_penalty", "frequency_penalty")
     @classmethod
@@ -210,11 +275,11 @@ class _Sampling(_Request):
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     tools: list[ToolSpec] | None = None
     tool_choice: Any = None  # "auto" | "none"; forcing a call is refused
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0)
+    top_logprobs: int | None = Field(None, ge=0, le=20)
 
     @field_validator("top_logprobs")
     @classmethod
@@ -242,9 +307,9 @@ class ChatCompletionRequest(_Sampling):
 
 class CompletionRequest(_Sampling):
     prompt: Any  # a string or a list of token ids; a one-element batch of either is unwrapped
-    logprobs: int | None = Field(None, ge=0)  # 0 (or true): return the sampled tokens' log-probs
+    logprobs: int | None = Field(None, ge=0, le=20)  # 0 (or true): return the sampled tokens' log-probs
     echo: bool = False
-    best_of: int | None = None
+    best_of: int | None = Field(None, le=INT32_MAX)
     suffix: str | None = None
 
     @field_validator("logprobs", mode="before")

@@ -21,7 +21,9 @@ Design decisions:
   "info"?}``: 200 ``{"id", "ready": n, "experience_ids"}``; an unknown id or choice is 404; a reward is
   attached once, a second one for the same experience is 409 (the first may already be trained on;
   "last wins" could not take it back); a body that is not ``{id: str, reward: finite number, ...}`` is
-  400. ``info`` (any JSON object) is kept in the experiences' ``info["feedback"]``.
+  400, and so is a reward outside ``[serve.reward_min, serve.reward_max]`` (default ±1e6: one reward of
+  1e308 would dominate every advantage of its batch). ``info`` (any JSON object) is kept in the
+  experiences' ``info["feedback"]``.
 - Groups: the ``n`` choices of one call share a ``group_id`` (a hash of the call id), so a client that
   asks for ``n > 1`` and rewards each choice gets group-relative advantages (GRPO); single-choice traffic
   forms groups of one, whose group-normalised advantage is 0. For it use an algorithm with a batch-wide
@@ -131,12 +133,18 @@ class CallWriter:
                     old.close()
 
 
-def feedback_route(storage):
+def feedback_route(storage, reward_min: float = -1e6, reward_max: float = 1e6):
     """``POST /feedback``: attach a reward to a recorded call; see the module docstring for the answers."""
     from trivium.buffer.storage import RewardConflict, UnknownExperience
     from trivium.serve.schemas import RequestError
 
     def feedback(body: FeedbackRequest) -> dict[str, Any]:
+        if not reward_min <= body.reward <= reward_max:
+            raise RequestError(
+                f"reward: {body.reward!r} is outside [{reward_min:g}, {reward_max:g}] (serve.reward_min, "
+                "serve.reward_max); scale the reward into that range",
+                param="reward",
+            )
         which = "every choice" if body.choice is None else f"choice {body.choice}"
         try:
             ids = storage.attach_reward(body.id, body.reward, run_index=body.choice, info=body.info)
@@ -212,6 +220,7 @@ def serve(cfg, run_dir: Path, policy=None, tokenizer=None, stop: threading.Event
     """Run mode serve until SIGTERM/SIGINT (or ``stop`` is set); ``policy``/``tokenizer``: the loaded
     starting model (loaded from ``model.path`` when None). A newer published version replaces it at once."""
     from trivium.launch import build
+    from trivium.serve.limits import ServeLimits
     from trivium.serve.openai_server import OpenAIServer
     from trivium.sync.protocol import build_weight_sync
 
@@ -237,7 +246,9 @@ def serve(cfg, run_dir: Path, policy=None, tokenizer=None, stop: threading.Event
         default_params=_default_params(cfg),
         host=s.host,
         port=s.port,
-        extra_routes=[feedback_route(storage)],
+        extra_routes=[feedback_route(storage, s.reward_min, s.reward_max)],
+        limits=ServeLimits.from_config(s),
+        drive_batches=True,
     )
     stop = stop or threading.Event()
     info_file = run_dir / SERVE_FILE

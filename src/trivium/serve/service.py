@@ -11,7 +11,18 @@ Design decisions:
   full, stop strings are not included in the text (the token that completed one stays in ``token_ids``),
   ``temperature`` 1. ``default_params`` replaces these defaults for every field a request leaves unset.
 - String prompts of ``/v1/completions`` are tokenised with the tokenizer's special tokens (e.g. a BOS),
-  as vLLM does; send token ids for exact control.
+  as vLLM does; send token ids for exact control. Chat messages never are: their text is text
+  (``models/chat.py``), so a caller cannot forge turns in the recorded data.
+- Limits (``limits.py``): ``n`` up to ``max_n``; ``max_tokens`` lowered to ``limits.max_tokens`` and to the
+  room left in the context (OpenAI refuses instead; lowering keeps agents written for bigger models
+  working, and ``finish_reason: "length"`` says so); ``top_k`` at most the vocabulary. A prompt whose
+  characters cannot fit the context however they are tokenised (more than context x the longest token's
+  characters) is refused before it is rendered or tokenised, so a multi-megabyte message costs no
+  tokenizer memory. Generation runs in fair turns of at most ``split_n`` samples (``FairGate``).
+- ``seed``: the request is sampled by the engine directly with a generator seeded for it (turn k of a
+  split request uses a seed derived from ``(seed, k)``), not merged into a batch with other requests, so
+  the same seed, prompt, parameters and weights give the same choices whatever else the server is doing.
+  An engine without per-request seeds (vLLM here) refuses the field (400).
 - A streamed request is generated, recorded and built like a plain one, then replayed as chunks
   (``responses.chat_stream``).
 """
@@ -19,15 +30,17 @@ Design decisions:
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from fastapi.responses import StreamingResponse
 from jinja2 import TemplateError as JinjaTemplateError
 
 from trivium.models.protocol import Generation, SamplingParams
+from trivium.serve.limits import FairGate, ServeLimits, ServerBusy
 from trivium.serve.recorder import (
     ChatPrompt,
     RecordedCall,
@@ -38,6 +51,7 @@ from trivium.serve.recorder import (
     render_chat,
 )
 from trivium.serve.responses import ChatTurn, chat_choice, chat_stream, completion_choice, completion_stream
+from trivium.serve.runner import Runner
 from trivium.serve.schemas import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -56,16 +70,27 @@ class Service:
     """What the endpoints do, apart from HTTP: validate, render, generate, build the response, record."""
 
     def __init__(
-        self, model: Any, model_name: str, recorder: Recorder | None, defaults: SamplingParams | None
+        self,
+        model: Any,
+        model_name: str,
+        recorder: Recorder | None,
+        defaults: SamplingParams | None,
+        limits: ServeLimits | None = None,
     ):
         self.model, self.model_name, self.recorder = model, model_name, recorder
+        self.limits = limits or ServeLimits()
         self.tokenizer = model.tokenizer
-        engine = getattr(model, "engine", model)  # BatchingRolloutModel wraps an engine
-        self.context = int(getattr(engine, "max_length", 0) or self.tokenizer.model_max_length)
-        self.vocab_size = int(getattr(engine, "vocab_size", 0) or len(self.tokenizer))
-        self.eos_ids = tuple(getattr(engine, "eos_ids", ()))
+        self.engine = getattr(model, "engine", model)  # BatchingRolloutModel wraps an engine
+        self.context = int(getattr(self.engine, "max_length", 0) or self.tokenizer.model_max_length)
+        self.vocab_size = int(getattr(self.engine, "vocab_size", 0) or len(self.tokenizer))
+        self.eos_ids = tuple(getattr(self.engine, "eos_ids", ()))
         self.defaults = defaults or SamplingParams(max_tokens=self.context, include_stop_str_in_output=False)
         self.started = int(time.time())
+        # A bare engine runs one call at a time anyway: one slot makes the waiting line strictly FIFO.
+        self.gate = FairGate(self.limits.max_concurrent if self.engine is not model else 1)
+        self.seeded = "seed" in inspect.signature(self.engine.generate).parameters
+        self.runner = Runner(model)  # started by OpenAIServer: generation off the request threads
+        self.token_chars = max((len(t) for t in self.tokenizer.get_vocab()), default=1)
 
     def session(self, session_id: str | None) -> RecordingSession | None:
         if self.recorder is None:
@@ -83,12 +108,25 @@ class Service:
             raise RequestError(str(exc), param="session_id", status=404) from None
 
     def params(self, body: Any, max_tokens: int | None) -> SamplingParams:
+        """The request's sampling parameters over the defaults, within the limits (see the docstring)."""
         overrides: dict[str, Any] = {}
         for name in ("n", "temperature", "top_p", "top_k"):
             if getattr(body, name) is not None:
                 overrides[name] = getattr(body, name)
-        if max_tokens is not None:
-            overrides["max_tokens"] = max_tokens
+        if overrides.get("n", 1) > self.limits.max_n:
+            raise RequestError(
+                f"n: {overrides['n']} choices asked, this server samples at most {self.limits.max_n} per "
+                "request (serve.max_n); send several requests",
+                param="n",
+            )
+        if overrides.get("top_k", 0) > self.vocab_size:
+            raise RequestError(
+                f"top_k: {overrides['top_k']} is more than the model's vocabulary ({self.vocab_size} tokens); "
+                "use at most that, or 0 to turn top-k off",
+                param="top_k",
+            )
+        cap = min(self.limits.max_tokens or self.context, self.context)
+        overrides["max_tokens"] = min(max_tokens if max_tokens is not None else self.defaults.max_tokens, cap)
         if body.stop:
             overrides["stop"] = tuple(body.stop)
         try:
@@ -112,9 +150,62 @@ class Service:
                 param=param,
             )
 
-    def generate(self, ids: list[int], params: SamplingParams) -> tuple[int, list]:
-        version = self.model.version
-        return version, self.model.generate([ids], params)[0]
+    def check_length(self, chars: int, param: str) -> None:
+        """Refuse text that cannot fit the context however it is tokenised (before tokenising it)."""
+        if chars > self.context * self.token_chars:
+            raise RequestError(
+                f"{param}: {chars} characters are more than {self.context} tokens (the model's context) of at "
+                f"most {self.token_chars} characters each; shorten the prompt",
+                param=param,
+            )
+
+    def generate(self, ids: list[int], params: SamplingParams, seed: int | None = None) -> tuple[int, list]:
+        """``params.n`` generations of ``ids`` in fair turns of at most ``split_n`` (see ``limits.py``);
+        returns the weights version and the generations. A split request whose turns saw different weights
+        versions is refused (503): its choices would not come from one policy."""
+        if seed is not None and not self.seeded:
+            raise RequestError(
+                f"seed: the {type(self.engine).__name__} engine samples with its own generator, not per request; "
+                "leave seed unset",
+                param="seed",
+            )
+        started, gens, versions = time.monotonic(), [], set()
+        one = dataclasses.replace(params, n=1)
+        for turn, first in enumerate(range(0, params.n, self.limits.split_n)):
+            if time.monotonic() - started > self.limits.request_timeout_s:
+                raise RequestError(
+                    f"the request took more than {self.limits.request_timeout_s:g} s (serve.request_timeout_s) "
+                    f"after {len(gens)} of {params.n} choices; ask for fewer choices or tokens",
+                    status=504,
+                )
+            rows = [ids] * min(self.limits.split_n, params.n - first)
+            try:
+                with self.gate.turn(self.limits.queue_timeout_s):
+                    versions.add(self.model.version)
+                    out = self._call(rows, one, None if seed is None else _turn_seed(seed, turn))
+            except ServerBusy:
+                raise RequestError(
+                    f"the server is busy: no turn to generate within {self.limits.queue_timeout_s:g} s "
+                    "(serve.queue_timeout_s); retry later",
+                    status=503,
+                    kind="server_busy",
+                ) from None
+            gens += [g[0] for g in out]
+        if len(versions) > 1:
+            raise RequestError(
+                f"the weights were updated while this request's {params.n} choices were sampled (versions "
+                f"{sorted(versions)}); retry it",
+                status=503,
+                kind="server_busy",
+            )
+        return versions.pop(), gens
+
+    def _call(self, prompts: list[list[int]], params: SamplingParams, seed: int | None) -> list:
+        if seed is not None:
+            return self.runner.direct(self.engine.generate, prompts, params, seed=seed)
+        if self.engine is self.model:
+            return self.runner.direct(self.model.generate, prompts, params)
+        return self.model.generate(prompts, params)  # queued; the runner's driver thread runs the batch
 
     def chat_prompt(
         self,
@@ -140,9 +231,10 @@ class Service:
         session = self.session(session_id)
         messages = [m.template() for m in body.messages]
         tools = [t.schema_entry() for t in body.tools] if body.tools else None
-        prompt = self.chat_prompt(session, messages, tools)
         params = self.params(body, body.response_tokens)
-        version, gens = self.generate(prompt.ids, params)
+        self.check_length(sum(len(s) for s in _strings((messages, tools))), "messages")
+        prompt = self.chat_prompt(session, messages, tools)
+        version, gens = self.generate(prompt.ids, params, body.seed)
         call_id = new_call_id("chat")
         turns = [
             chat_choice(
@@ -187,13 +279,14 @@ class Service:
 
     def completion(self, body: CompletionRequest, session_id: str | None) -> Any:
         session = self.session(session_id)
+        params = self.params(body, body.max_tokens)
         if isinstance(body.prompt, str):
+            self.check_length(len(body.prompt), "prompt")
             ids = list(self.tokenizer(body.prompt)["input_ids"])
         else:
             ids = list(body.prompt)
         self.check_prompt(ids, "prompt")
-        params = self.params(body, body.max_tokens)
-        version, gens = self.generate(ids, params)
+        version, gens = self.generate(ids, params, body.seed)
         call_id = new_call_id("completion")
         logprobs = body.logprobs is not None
         created = time.time()
@@ -270,6 +363,24 @@ def chat_call(
         prefix_reused=prompt.prefix_reused,
         continued_call_id=prompt.continued_call_id,
     )
+
+
+def _turn_seed(seed: int, turn: int) -> int:
+    """The seed of turn ``turn`` of a split request: ``seed`` itself for the first, then a fixed mix."""
+    return (seed + turn * 0x9E3779B97F4A7C15) % 2**64
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string in nested dicts and lists (keys too), without recursion."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            yield node
+        elif isinstance(node, dict):
+            stack += [*node.keys(), *node.values()]
+        elif isinstance(node, (list, tuple)):
+            stack += node
 
 
 def _usage(prompt_ids: Sequence[int], gens: Sequence[Any]) -> Usage:
