@@ -67,7 +67,8 @@ def rank_main(args) -> None:
     from trivium.config.schema import AlgorithmConfig, LoraConfig, TrainerConfig
     from trivium.models import lora
     from trivium.trainer.parallel import make_parallel
-    from trivium.trainer.trainer import AlgorithmSpec, Trainer
+    from trivium.trainer.spec import AlgorithmSpec
+    from trivium.trainer.trainer import Trainer
 
     config, n_seqs, prompt, response, micro = MODELS[args.model]
     rank, world = args.rank, args.world
