@@ -259,3 +259,65 @@ def test_a_version_that_does_not_load_is_logged_once_and_the_old_one_stays_serve
     assert "still serving version 0" in logged.message
     sync.publish(engine.state_dict(), 4)
     assert follower.poll() == 4 and engine.version == 4
+
+
+@pytest.mark.integration
+def test_an_absurd_feedback_reward_never_reaches_the_weights(tmp_path, tiny_model_dir):
+    """The issue's case: a reward of 1e308 (finite in float64). The feedback API refuses it by default; with
+    the bounds opened, the trainer drops it, trains on the rest, publishes finite weights, and the server
+    loads them and keeps answering."""
+    cfg = {
+        "project": "serve",
+        "name": "poison",
+        "checkpoint_root": str(tmp_path / "runs"),
+        "model": {"path": str(tiny_model_dir)},
+        "explorer": {"rollout": {"max_tokens": 6}, "eval_at_start": False},
+        "monitor": {"progress_bar": False},
+        "algorithm": {"algorithm_type": "reinforceplusplus"},
+        "trainer": {"lr": 1e-3},
+        "synchronizer": {"method": "checkpoint", "wait_timeout_s": 60},
+        "serve": {"poll_interval_s": 0.2},
+        "buffer": {"batch_size": 3, "total_steps": 1, "storage": {"read_timeout_s": 60}},
+    }
+    path = tmp_path / "serve.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    run_dir = tmp_path / "runs" / "serve" / "poison"
+    cmd = [sys.executable, "-m", "trivium.cli", "run", "-c", str(path), "--set"]
+    log = tmp_path / "serve.log"
+    with open(log, "w") as sink:
+        server = subprocess.Popen(
+            [*cmd, "mode=serve", "--set", "serve.reward_max=1e308"], stdout=sink, stderr=subprocess.STDOUT
+        )
+    try:
+        info = wait_for(run_dir / "serve.json", lambda: server.poll() is None, log)
+        client = openai.OpenAI(base_url=info["base_url"], api_key="EMPTY", max_retries=0)
+        ids = [client.chat.completions.create(model="poison", messages=QUESTION).id for _ in range(3)]
+        feedback = info["feedback_url"]
+        assert post(feedback, {"id": ids[0], "reward": 1e308})[0] == 200  # bounds opened: accepted
+        assert post(feedback, {"id": ids[1], "reward": 1.0})[0] == 200
+        assert post(feedback, {"id": ids[2], "reward": 0.0})[0] == 200
+        train = subprocess.run([*cmd, "mode=train"], capture_output=True, text=True, timeout=300)
+        assert train.returncode == 0, train.stderr[-3000:]
+        assert (
+            "dropped 1 experience(s) whose reward is non-finite or beyond trainer.max_abs_reward"
+            in train.stderr
+        )
+        (record,) = [r for r in read_metrics(run_dir) if r.get("role") == "train"]
+        assert record["train/dropped_experiences"] == 1.0 and record["train/sequences"] == 2.0
+        deadline = time.monotonic() + 60
+        while get_json(f"{info['url']}/health")["weights"]["version"] != 1:
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        health = get_json(f"{info['url']}/health")
+        assert health["status"] == "ok" and health["weights"]["healthy"] is True
+        again = client.chat.completions.create(model="poison", messages=QUESTION)
+        assert again.model_version == 1 and again.choices[0].message.content is not None
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=60)
+
+
+def test_feedback_refuses_an_absurd_reward_by_default(tmp_path):
+    from trivium.config.schema import ServeConfig
+
+    assert ServeConfig().reward_max == 1e6 and ServeConfig().reward_min == -1e6

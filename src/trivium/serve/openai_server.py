@@ -65,13 +65,15 @@ def create_app(
     default_params: SamplingParams | None = None,
     extra_routes: Sequence[tuple[str, Callable[..., Any], Sequence[str]]] = (),
     limits: ServeLimits | None = None,
+    health_info: Callable[[], dict[str, Any]] | None = None,
 ) -> FastAPI:
     """A FastAPI app serving ``model`` (a RolloutModel: ``.tokenizer``, ``.version``, ``.generate``).
 
     Without ``recorder`` nothing is recorded and ``/sessions/...`` routes answer 404. Serving the app with
     your own server? Call ``recorder.bind(root_url, api_key)`` so that ``session.client()`` knows the URL.
     ``extra_routes``: ``(path, endpoint, methods)`` served like the ``/v1`` routes (API key, error format),
-    e.g. serve mode's ``POST /feedback``. ``limits``: ``ServeLimits()`` when None.
+    e.g. serve mode's ``POST /feedback``. ``limits``: ``ServeLimits()`` when None. ``health_info()``:
+    more entries for ``/health`` (serve mode: the weights being followed).
     """
     _check_key(api_key)
     limits = limits or ServeLimits()
@@ -92,6 +94,7 @@ def create_app(
             "version": model.version,
             "sessions": sessions,
             "turns": turns,
+            **(health_info() if health_info is not None else {}),
         }
 
     def models() -> dict[str, Any]:
@@ -227,6 +230,7 @@ class OpenAIServer:
         extra_routes: Sequence[tuple[str, Callable[..., Any], Sequence[str]]] = (),
         limits: ServeLimits | None = None,
         drive_batches: bool = False,
+        health_info: Callable[[], dict[str, Any]] | None = None,
     ):
         if api_key is None and not is_loopback(host):
             raise ValueError(
@@ -242,6 +246,7 @@ class OpenAIServer:
             default_params=default_params,
             extra_routes=extra_routes,
             limits=limits,
+            health_info=health_info,
         )
         self.recorder, self.api_key, self.drive_batches = recorder, api_key, drive_batches
         self.host, self.port, self.log_level = host, port, log_level

@@ -207,6 +207,16 @@ class WeightFollower(threading.Thread):
             log.info("serving weights version %d (loaded in %.2f s)", version, time.perf_counter() - t0)
         return version
 
+    def health(self) -> dict[str, Any]:
+        """What ``/health`` says of the weights: the version served, and whether the last look for a newer
+        one failed (the served weights are good either way: a version is checked, finite and by checksum,
+        before it replaces them)."""
+        return {
+            "version": self.model.version,
+            "healthy": not self._last_error,
+            "last_error": self._last_error or None,
+        }
+
     def run(self) -> None:
         while not self.stopping.wait(self.interval_s):
             self.poll()
@@ -249,6 +259,7 @@ def serve(cfg, run_dir: Path, policy=None, tokenizer=None, stop: threading.Event
         extra_routes=[feedback_route(storage, s.reward_min, s.reward_max)],
         limits=ServeLimits.from_config(s),
         drive_batches=True,
+        health_info=lambda: {"weights": follower.health()},
     )
     stop = stop or threading.Event()
     info_file = run_dir / SERVE_FILE
