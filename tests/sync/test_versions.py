@@ -9,7 +9,7 @@ import torch
 from trivium.sync.memory import MemorySync
 from trivium.sync.protocol import SyncStopped
 from trivium.sync.versions import is_sync_step, required_version, staleness_filter
-from trivium.sync.weights import WeightSyncError
+from trivium.sync.weights import WeightSyncError, weights_checksum
 from trivium.types import Experience
 
 
@@ -66,6 +66,11 @@ class Engine:
 
     def state_dict(self):
         return self.weights
+
+    weights_dtype = torch.float32
+
+    def weights_checksum(self):
+        return weights_checksum(self.weights)
 
 
 def test_memory_sync_pull_blocks_until_published_or_closed():

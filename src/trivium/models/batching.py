@@ -120,6 +120,13 @@ class BatchingRolloutModel:
     def state_dict(self) -> dict[str, Tensor]:
         return self.engine.state_dict()
 
+    @property
+    def weights_dtype(self):
+        return self.engine.weights_dtype
+
+    def weights_checksum(self) -> str:
+        return self.engine.weights_checksum()
+
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams, order_key: Any = None
     ) -> list[list[Generation]]:

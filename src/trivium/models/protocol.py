@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    import torch
     from torch import Tensor
     from transformers import PreTrainedTokenizerBase
 
@@ -118,6 +119,16 @@ class RolloutModel(Protocol):
         ...
 
     def state_dict(self) -> dict[str, Tensor]: ...
+
+    @property
+    def weights_dtype(self) -> torch.dtype:
+        """The dtype the engine holds its floating-point weights in (``explorer.rollout.dtype``)."""
+        ...
+
+    def weights_checksum(self) -> str:
+        """``sync.weights.weights_checksum`` of what the engine holds, computed where the weights are (an
+        engine in another process answers without sending them)."""
+        ...
 
 
 def check_prompts(prompts: Sequence[Sequence[int]], max_length: int, vocab_size: int) -> None:

@@ -184,6 +184,16 @@ class TransformersEngine:
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.model.state_dict()
 
+    @property
+    def weights_dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def weights_checksum(self) -> str:
+        from trivium.sync.weights import weights_checksum
+
+        with self._lock:
+            return weights_checksum(self.model.state_dict())
+
     def sampler_state(self) -> dict:
         """The sampling RNG: with the same weights, what a resumed run needs to sample the same tokens.
 

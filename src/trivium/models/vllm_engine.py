@@ -317,6 +317,16 @@ class VllmEngine:
         """The weights last loaded (a host copy in the engine's dtype; see the module docstring)."""
         return dict(self._host)
 
+    @property
+    def weights_dtype(self) -> torch.dtype:
+        return self.dtype
+
+    def weights_checksum(self) -> str:
+        """Of the host copy of the weights last loaded (what was sent to vLLM's workers)."""
+        from trivium.sync.weights import weights_checksum
+
+        return weights_checksum(self._host)
+
     def sampler_state(self) -> dict:
         """A marker: vLLM cannot snapshot its sampling RNG, so a resumed run is not bit-exact."""
         return {"engine": "vllm", "exact": False}

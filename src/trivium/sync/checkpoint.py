@@ -109,7 +109,7 @@ class CheckpointSync:
         expected = json.loads((path / META).read_text())["checksum"]
         published = load_file(path / WEIGHTS)
         check_finite(published, version, f"loading {path}")
-        dtype = floating_dtype(engine.state_dict())
+        dtype = engine.weights_dtype
         # an engine in another precision: check the file against its checksum before loading it (a damaged
         # file is never loaded), then compare the engine with the file's weights cast to its dtype
         if dtype != floating_dtype(published):

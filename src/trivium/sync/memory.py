@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import torch
 
 from trivium.sync.protocol import SyncStopped
-from trivium.sync.weights import WeightSyncError, check_finite, check_loaded, floating_dtype, weights_checksum
+from trivium.sync.weights import WeightSyncError, check_finite, check_loaded, weights_checksum
 
 __all__ = ["MemorySync"]
 
@@ -41,7 +41,7 @@ class MemorySync:
         self.engine.update_weights(weights, version)
         metrics = {"sync/seconds": time.perf_counter() - t0}
         if self.verify:  # the engine may hold another dtype (explorer.rollout.dtype): compare cast weights
-            expected = weights_checksum(weights, floating_dtype(self.engine.state_dict()))
+            expected = weights_checksum(weights, self.engine.weights_dtype)
             check_loaded(self.engine, expected, version, "the trainer (in memory)")
             metrics["sync/checksum_seconds"] = time.perf_counter() - t0 - metrics["sync/seconds"]
         with self._cv:

@@ -61,7 +61,7 @@ def check_loaded(engine, expected: str, version: int, source: str) -> None:
 
     ``expected`` must already be the checksum in the engine's dtype (see ``weights_checksum(state, dtype)``);
     ``source`` says where the weights came from, for the message."""
-    got = weights_checksum(engine.state_dict())
+    got = engine.weights_checksum()
     if got != expected:
         raise WeightSyncError(
             f"weights version {version} from {source}: the rollout model's checksum {got[:12]} differs from "
