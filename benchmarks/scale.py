@@ -1,8 +1,9 @@
-"""Multi-rank training and LoRA, measured side by side in one run.
+"""Multi-rank training, LoRA and Ray actors, measured side by side in one run.
 
-    python benchmarks/scale.py                     # both parts (~15 min on 2 CPU cores, the quickstart's
-                                                   # SFT stage included the first time: ~3 min)
-    python benchmarks/scale.py --parts layout      # part 1 only (~4 min)
+    python benchmarks/scale.py                     # all three parts (~20 min on 2 CPU cores, the
+                                                   # quickstart's SFT stage included the first time: ~3 min)
+    python benchmarks/scale.py --parts layout      # part 1 only (~7 min)
+    python benchmarks/scale.py --parts ray         # part 3 only (~5 min; starts and stops a Ray cluster)
 
 Part 1, ``layout``: the trainer alone (the GRPO loss on synthetic rollouts of a fixed shape, random weights)
 under strategy single, ddp 2, fsdp2 2, LoRA (rank 16) and LoRA + fsdp2 2, on the quickstart's model (~1M
@@ -17,6 +18,11 @@ Part 2, ``lora``: the quickstart's GRPO stage (16 prompts x 8 samples, 100 steps
 its SFT checkpoint, full fine-tuning (lr 2e-4) against LoRA rank 16 on every linear layer (lr 2e-3): greedy
 accuracy before and after, trainable parameters, optimizer-state bytes, median s/step.
 
+Part 3, ``ray``: the quickstart's GRPO stage (``--ray-steps`` steps, no eval) locally and on a Ray cluster
+this script starts (`ray start --head`, 2 CPUs): one engine and one rank at 0.5 CPU each, then two engines
+and two DDP ranks; s/step (wall time between step records), start-up seconds, peak RSS of an engine actor
+and of trainer rank 0.
+
 Writes ``benchmarks/results/scale.md`` and ``scale.json``.
 """
 
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import resource
@@ -291,9 +298,107 @@ LORA_HEADER = (
 )
 
 
+# ------------------------------------------------------------------------------- part 3: Ray actors
+RAY_ROWS = [  # label, cluster section, engines, strategy, ranks
+    ("local, 1 engine, 1 rank", None, 1, "single", 1),
+    ("Ray, 1 engine, 1 rank", {"num_cpus": 0.5}, 1, "single", 1),
+    ("Ray, 2 engines, 2 DDP ranks", {"num_cpus": 0.5}, 2, "ddp", 2),
+]
+
+
+def ray_rows(work: Path, steps: int) -> list[dict]:
+    """The quickstart's GRPO stage from its SFT checkpoint, ``steps`` steps, no eval: locally and on a Ray
+    cluster started here (`ray start --head`, 2 CPUs): s/step (wall time between step records), seconds
+    from the command to its first step, peak RSS of the engine actor and of trainer rank 0."""
+    import tempfile
+
+    import yaml
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from engines import quickstart_model
+    from grpo_overhead import QUICKSTART, _fix_paths
+
+    from trivium.monitor.metrics import read_metrics
+
+    sft = quickstart_model(work)
+    ray_bin = Path(sys.executable).with_name("ray")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    subprocess.run(
+        [str(ray_bin), "start", "--head", f"--port={port}", "--num-cpus=2", "--node-ip-address=127.0.0.1",
+         "--object-store-memory=300000000", "--include-dashboard=false", "--disable-usage-stats",
+         f"--temp-dir={temp}"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    records = []
+    try:
+        for label, resources, engines, strategy, ranks in RAY_ROWS:
+            cfg = yaml.safe_load(QUICKSTART.read_text())
+            grpo = cfg["stages"][1]
+            name = "ray-" + label.split(",")[0].lower() + f"-{engines}x{ranks}"
+            cfg.update(project="bench", name=name, checkpoint_root=str(work), monitor={"progress_bar": False})
+            cfg["model"] = {"path": str(sft)}
+            cfg["buffer"]["eval_tasksets"] = []
+            grpo["buffer"]["total_steps"] = steps
+            grpo["trainer"].update({"strategy": strategy, "world_size": ranks})
+            cfg["explorer"]["engine_num"] = engines
+            if resources is not None:
+                cfg["cluster"] = {
+                    "backend": "ray",
+                    "address": "auto",
+                    "engine": resources,
+                    "trainer_rank": resources,
+                }
+            cfg["stages"] = [grpo]
+            path = work / f"{name}.yaml"
+            path.write_text(yaml.safe_dump(cfg))
+            _fix_paths(path)
+            env = {**os.environ, "RAY_ADDRESS": f"127.0.0.1:{port}"}
+            t0 = time.time()
+            cmd = [sys.executable, "-m", "trivium.cli", "run", "-c", str(path), "--overwrite"]
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+            rows = [r for r in read_metrics(work / "bench" / name) if "train/loss" in r]
+            times = [r["time"] for r in rows]
+            record = {
+                "row": label,
+                "s_per_step": statistics.median(b - a for a, b in itertools.pairwise(times)),
+                # the run's clock starts with the run; its first step ends at times[0]: what came before the
+                # step's sampling and training is start-up (model, actors, engines, the first weights)
+                "start_s": times[0] - rows[0]["train/step_seconds"] - rows[0].get("rollout/seconds", 0.0),
+                "command_s": time.time() - t0,
+                "engine_rss_mb": rows[-1].get("rollout/engine_peak_rss_mb"),
+                "rank0_rss_mb": rows[-1]["train/peak_rss_mb"],
+            }
+            records.append(record)
+            print(_ray_line(record, records), flush=True)
+    finally:
+        subprocess.run([str(ray_bin), "stop", "--force"], capture_output=True)
+    return records
+
+
+def _ray_line(r: dict, records: list[dict]) -> str:
+    local = records[0]
+    engine = "-" if r["engine_rss_mb"] is None else f"{r['engine_rss_mb']:.0f}"
+    return (
+        f"| {r['row']} | {r['s_per_step']:.3f} ({r['s_per_step'] / local['s_per_step']:.2f}) | {r['start_s']:.1f} "
+        f"| {r['command_s']:.0f} | {engine} | {r['rank0_rss_mb']:.0f} |"
+    )
+
+
+RAY_HEADER = (
+    "| run | s/step (vs local) | seconds to the first step | whole command, s | engine actor peak RSS MB "
+    "| trainer rank 0 peak RSS MB |\n|---|---|---|---|---|---|"
+)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--parts", nargs="+", default=["layout", "lora"], choices=["layout", "lora"])
+    ap.add_argument(
+        "--parts", nargs="+", default=["layout", "lora", "ray"], choices=["layout", "lora", "ray"]
+    )
+    ap.add_argument("--ray-steps", type=int, default=10, help="GRPO steps of each Ray row")
     ap.add_argument("--steps", type=int, default=3, help="timed train steps per layout row")
     ap.add_argument("--grpo-steps", type=int, default=100, help="GRPO steps of the LoRA comparison")
     ap.add_argument("--work", default=str(REPO / "benchmarks" / "work"), help="models and runs (reused)")
@@ -325,6 +430,11 @@ def main() -> int:
         results["lora"] = lora_rows(work, args.grpo_steps)
         out += ["## LoRA against full fine-tuning: the quickstart's GRPO stage\n", LORA_HEADER]
         out += [_lora_line(r, results["lora"]) for r in results["lora"]] + [""]
+    if "ray" in args.parts:
+        print(RAY_HEADER, flush=True)
+        results["ray"] = ray_rows(work, args.ray_steps)
+        out += ["## Ray actors against the local backend: the quickstart's GRPO stage\n", RAY_HEADER]
+        out += [_ray_line(r, results["ray"]) for r in results["ray"]] + [""]
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "scale.md").write_text("\n".join(out))
     (RESULTS / "scale.json").write_text(json.dumps(results, indent=1))

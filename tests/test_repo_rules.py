@@ -63,13 +63,28 @@ def test_orchestration_never_dispatches_on_attributes(folder):
     assert not hits, hits
 
 
-def test_only_launch_may_import_ray():
-    hits = [
-        str(p.relative_to(SRC))
-        for p in py_files()
-        if "launch" not in p.parts and re.search(r"^\s*(import ray|from ray)", p.read_text(), re.M)
+def ray_imports_outside_launch(root: Path) -> list[str]:
+    """Files under ``root`` outside ``launch/`` that import Ray (at any indentation: lazy imports count)."""
+    pattern = re.compile(r"^\s*(import ray\b|from ray(\.| )|import ray\.)", re.M)
+    return [
+        str(p.relative_to(root))
+        for p in sorted(root.rglob("*.py"))
+        if "launch" not in p.relative_to(root).parts and pattern.search(p.read_text())
     ]
-    assert not hits
+
+
+def test_only_launch_may_import_ray():
+    assert not ray_imports_outside_launch(SRC)
+
+
+def test_the_ray_rule_can_fail(tmp_path):
+    """The rule above is only worth something if it catches a violation."""
+    (tmp_path / "launch").mkdir()
+    (tmp_path / "launch" / "ok.py").write_text("import ray\n")
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer" / "bad.py").write_text("def f():\n    from ray.util import placement_group\n")
+    (tmp_path / "trainer" / "fine.py").write_text("import rayon_like  # not ray\nx = 'import ray'\n")
+    assert ray_imports_outside_launch(tmp_path) == ["trainer/bad.py"]
 
 
 def test_package_import_is_cheap():

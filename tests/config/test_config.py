@@ -231,3 +231,21 @@ def test_lora_targets_that_match_no_layer_are_a_config_error(data_dir, tiny_mode
     assert "q_proj" in p.fix
     ok = {"path": str(tiny_model_dir), "lora": {"target_modules": ["q_proj", "mlp.down_proj"]}}
     validate_raw(base(model=ok), data_dir)
+
+
+def test_cluster_problems_name_the_field(data_dir):
+    err = problems_of(base(explorer={"engine_num": 2}), data_dir)
+    assert [p.path for p in err.problems] == ["explorer.engine_num"]
+    assert "cluster.backend: ray" in err.problems[0].fix
+    raw = base(
+        cluster={"backend": "ray", "address": "not an address"}, explorer={"rollout": {"engine_type": "vllm"}}
+    )
+    paths = {p.path for p in problems_of(raw, data_dir).problems}
+    assert {"cluster.address", "explorer.rollout.engine_type"} <= paths
+
+
+def test_cluster_is_run_level(data_dir):
+    raw = base()
+    raw["stages"] = [{"name": "a", "cluster": {"backend": "ray"}}]
+    err = problems_of(raw, data_dir)
+    assert any(p.path == "stages[0].cluster" and "run-level" in p.rule for p in err.problems)

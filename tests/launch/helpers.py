@@ -19,7 +19,7 @@ def trivium_run(path, kill_at="", *extra, timeout=300):
 
 def comparable(records):
     """Metric records without the fields that depend on wall time."""
-    drop = ("time", "seconds", "per_s")
+    drop = ("time", "seconds", "per_s", "rss")
     return [{k: v for k, v in r.items() if not any(d in k for d in drop)} for r in records]
 
 

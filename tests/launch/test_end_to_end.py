@@ -53,7 +53,11 @@ def test_seeded_runs_are_reproducible(e2e, tmp_path):
         records = read_metrics(tmp_path / "runs" / "e2e" / name)
         curves.append(
             [
-                {k: v for k, v in r.items() if "seconds" not in k and "per_s" not in k and k != "time"}
+                {
+                    k: v
+                    for k, v in r.items()
+                    if not any(d in k for d in ("seconds", "per_s", "rss")) and k != "time"
+                }
                 for r in records
             ]
         )

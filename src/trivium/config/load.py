@@ -31,7 +31,7 @@ from trivium.config.safe_yaml import MAX_DEPTH, load_yaml, safe_yaml, shown
 from trivium.config.schema import TriviumConfig
 
 # Top-level keys that a stage may not change: they name the run folder shared by all stages.
-RUN_LEVEL_KEYS = ("project", "name", "checkpoint_root", "stages", "plugins", "runtime")
+RUN_LEVEL_KEYS = ("project", "name", "checkpoint_root", "stages", "plugins", "runtime", "cluster")
 
 
 @dataclass(frozen=True)

@@ -127,6 +127,9 @@ class ExplorerConfig(StrictModel):
     """How eval task sets are sampled."""
     eval_interval: int = Field(10, ge=0, le=STEPS_MAX)
     """Evaluate every this many steps (and always at the end); 0 = only at the start and the end."""
+    engine_num: int = Field(1, ge=1, le=4096)
+    """Rollout engines; each step's generation requests are spread over them. More than one needs
+    cluster.backend: ray (each engine is a Ray actor with cluster.engine's resources)."""
     eval_at_start: bool = True
     """Evaluate the starting model before the first step (the baseline of the learning curve)."""
     max_concurrency: int = Field(0, ge=0, le=COUNT_MAX)
@@ -426,6 +429,42 @@ class RuntimeConfig(StrictModel):
     threads wait on each other; 28x measured on 2 cores): give each run cores / runs (docs/sharing.md)."""
 
 
+class ActorResources(StrictModel):
+    """What one Ray actor of a role asks the cluster for (Ray's logical resources: a fraction of a CPU or a
+    GPU is a share of the node's, not a limit on threads)."""
+
+    num_cpus: float = Field(1.0, ge=0, le=COUNT_MAX)
+    """CPUs the actor reserves."""
+    num_gpus: float = Field(0.0, ge=0, le=1024)
+    """GPUs the actor reserves (a fraction shares one GPU between actors)."""
+    memory_gb: float = Field(0.0, ge=0, le=COUNT_MAX)
+    """Memory the actor reserves, in GiB; 0 = no reservation."""
+
+
+class ClusterConfig(StrictModel):
+    """Where the roles run (docs/cluster.md): in this process and the ones it starts (local), or as Ray
+    actors on a Ray cluster (ray)."""
+
+    backend: Literal["local", "ray"] = "local"
+    """local: everything in `trivium run` and the trainer-rank processes it starts (no Ray needed); ray:
+    rollout engines and trainer ranks are Ray actors placed on a Ray cluster."""
+    address: str | None = None
+    """ray: None = start a Ray instance for this run on this machine; 'auto' = join the cluster this
+    machine belongs to (`ray start --head` / `ray start --address ...`); 'HOST:PORT' = that cluster."""
+    namespace: str = ""
+    """ray: the namespace of this run's named actors; empty = trivium/{project}/{name}."""
+    engine: ActorResources = Field(default_factory=ActorResources)
+    """ray: resources of each rollout engine actor (explorer.engine_num of them)."""
+    trainer_rank: ActorResources = Field(default_factory=ActorResources)
+    """ray: resources of each trainer rank actor (trainer.world_size of them, one placement-group bundle
+    each, packed on as few nodes as possible)."""
+    start_timeout_s: float = Field(120.0, gt=0, le=SECONDS_MAX)
+    """ray: an actor or placement group not ready after this long is an error naming it and what the
+    cluster has (a request that cannot fit at all is refused before anything starts)."""
+    max_restarts: int = Field(3, ge=0, le=1000)
+    """ray: times a rollout engine actor that dies is restarted (its requests are sent again)."""
+
+
 class MonitorConfig(StrictModel):
     progress_bar: bool = True
     """Show a console progress bar with reward, accuracy and loss."""
@@ -530,6 +569,8 @@ class TriviumConfig(StrictModel):
     """Metrics and progress display."""
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     """CPU threads of this process (run-level: stages cannot change it)."""
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    """Where engines and trainer ranks run: this machine's processes, or a Ray cluster (run-level)."""
     bench: BenchConfig = Field(default_factory=BenchConfig)
     """What mode bench evaluates."""
     serve: ServeConfig = Field(default_factory=ServeConfig)

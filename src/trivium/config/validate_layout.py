@@ -16,7 +16,55 @@ def check_layout(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
     problems += _check_sync_method(cfg, at)
     problems += _check_strategy(cfg, at)
     problems += _check_lora_targets(cfg, at, check_files)
+    problems += _check_cluster(cfg, at)
     return problems
+
+
+def _check_cluster(cfg: TriviumConfig, at) -> list[Problem]:
+    """cluster.* and explorer.engine_num: what the local backend cannot do, and Ray's own needs."""
+    import importlib.util
+    import re
+
+    c, out = cfg.cluster, []
+    if c.backend == "local":
+        if cfg.explorer.engine_num > 1:
+            out.append(
+                Problem(
+                    at("explorer.engine_num"),
+                    cfg.explorer.engine_num,
+                    "several rollout engines run as Ray actors; the local backend has one, in this process",
+                    "set cluster.backend: ray (docs/cluster.md), or engine_num: 1",
+                )
+            )
+        return out
+    if importlib.util.find_spec("ray") is None:
+        out.append(
+            Problem(
+                at("cluster.backend"),
+                c.backend,
+                "the ray package is not installed in this Python environment",
+                "pip install 'trivium[ray]' (or pip install ray), or use backend: local",
+            )
+        )
+    if c.address not in (None, "auto") and not re.fullmatch(r"(ray://)?[\w.\-]+:\d{1,5}", c.address):
+        out.append(
+            Problem(
+                at("cluster.address"),
+                c.address,
+                "not a Ray address",
+                "leave it empty (start Ray for this run), 'auto' (join this machine's cluster) or HOST:PORT",
+            )
+        )
+    if cfg.explorer.rollout.engine_type != "transformers":
+        out.append(
+            Problem(
+                at("explorer.rollout.engine_type"),
+                cfg.explorer.rollout.engine_type,
+                "cluster.backend ray runs the transformers engine in its actors (vLLM in Ray actors is not built)",
+                "use engine_type: transformers with backend ray, or backend: local for vLLM",
+            )
+        )
+    return out
 
 
 def _check_engine(cfg: TriviumConfig, at) -> list[Problem]:

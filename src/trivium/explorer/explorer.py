@@ -144,6 +144,7 @@ class Explorer:
                 "rollout/tokens_per_s": metrics.get("rollout/response_tokens", 0.0) / max(gen_seconds, 1e-9),
                 "rollout/queue_wait_seconds": time.perf_counter() - t1,
                 "rollout/model_version": float(version),
+                **self.model.metrics(),
             }
         )
         if self.dynamic_sampling:

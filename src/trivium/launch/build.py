@@ -90,6 +90,12 @@ def build_rollout_model(
 
     if lora.is_peft(policy):  # engines run the merged weights (docs/scale.md), on a copy of their own
         policy, copy_policy = lora.merged_copy(policy), False
+    if cfg.cluster.backend == "ray":  # engine actors on the Ray cluster (launch/ray_engines.py)
+        from trivium.launch.ray_cluster import RayCluster
+        from trivium.launch.ray_engines import EnginePool
+
+        pool = EnginePool.start(RayCluster.current(), policy, tokenizer, cfg, version, stage=cfg.name)
+        return BatchingRolloutModel(pool)
     r = cfg.explorer.rollout
     param = next(policy.parameters())
     if r.engine_type == "vllm":

@@ -78,13 +78,22 @@ def run(run_cfg: RunConfig, overwrite: bool = False, resume: bool = True) -> Pat
         log.info("run folder %s holds a run: continuing it from its newest checkpoint", run_dir)
     # the processes of a decoupled run each write a metrics file of their own
     writer = MetricsWriter(run_dir, role=modes if shared else None)
+    cluster = None
+    if run_cfg.config.cluster.backend == "ray":
+        from trivium.launch.ray_cluster import RayCluster
+
+        cluster = RayCluster.connect(run_cfg.config, state.config_dir)
     try:
         for i, stage in enumerate(run_cfg.stages):
             if point is not None and i < point.stage_index:
                 continue  # finished before the checkpoint we resume from
             run_stage(stage, run_dir, writer, state)
+            if cluster is not None:
+                cluster.kill("engine")  # a stage's rollout engines end with it
     finally:
         writer.close()
+        if cluster is not None:
+            cluster.close()
     log.info("run finished: %s", run_dir)
     return run_dir
 

@@ -177,6 +177,20 @@ def _stage_trainer(stage: Stage, run_dir: Path, state: RunState, total: int):
     After a multi-rank stage, the next stage starts from a plain (unsharded) model: its last checkpoint."""
     cfg = stage.config
     pad = state.tokenizer.pad_token_id
+    if cfg.cluster.backend == "ray":
+        from trivium.launch.ray_cluster import RayCluster
+        from trivium.launch.ray_trainer import RayTrainer
+
+        trainer = RayTrainer.start(
+            RayCluster.current(), cfg, stage.name, state.model, pad, total, state.config_dir
+        )
+        try:
+            yield trainer
+        finally:
+            trainer.close()
+        final = run_dir / "checkpoints" / stage.name / f"step_{total}" / "model"
+        state.model, _ = build.load_policy(str(final), cfg)
+        return
     if cfg.trainer.strategy == "single":
         yield build.make_trainer(cfg, state.model, pad, total)
         return

@@ -127,6 +127,9 @@ class BatchingRolloutModel:
     def weights_checksum(self) -> str:
         return self.engine.weights_checksum()
 
+    def metrics(self) -> dict[str, float]:
+        return self.engine.metrics()
+
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams, order_key: Any = None
     ) -> list[list[Generation]]:

@@ -130,6 +130,10 @@ class RolloutModel(Protocol):
         engine in another process answers without sending them)."""
         ...
 
+    def metrics(self) -> dict[str, float]:
+        """The engine's own counters for the step's record (e.g. ``rollout/engine_restarts``); may be empty."""
+        ...
+
 
 def check_prompts(prompts: Sequence[Sequence[int]], max_length: int, vocab_size: int) -> None:
     """What every engine refuses before sampling: empty prompts, prompts that fill the context, and token ids

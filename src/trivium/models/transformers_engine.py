@@ -188,6 +188,9 @@ class TransformersEngine:
     def weights_dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
 
+    def metrics(self) -> dict[str, float]:
+        return {}
+
     def weights_checksum(self) -> str:
         from trivium.sync.weights import weights_checksum
 

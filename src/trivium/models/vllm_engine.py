@@ -321,6 +321,9 @@ class VllmEngine:
     def weights_dtype(self) -> torch.dtype:
         return self.dtype
 
+    def metrics(self) -> dict[str, float]:
+        return {}
+
     def weights_checksum(self) -> str:
         """Of the host copy of the weights last loaded (what was sent to vLLM's workers)."""
         from trivium.sync.weights import weights_checksum

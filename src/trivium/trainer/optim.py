@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import resource
 
 import torch
 
@@ -78,7 +79,8 @@ class Optimization:
         return norm
 
     def footprint(self) -> dict[str, float]:
-        """Trainable parameters (all ranks together) and this rank's optimizer-state megabytes."""
+        """Trainable parameters (all ranks together), this rank's optimizer-state megabytes, and this
+        process's peak resident memory."""
         from torch.distributed.tensor import DTensor
 
         def local(t: torch.Tensor) -> torch.Tensor:
@@ -89,6 +91,7 @@ class Optimization:
         return {
             "train/trainable_params": float(sum(p.numel() for p in params)),
             "train/optimizer_mb": sum(t.numel() * t.element_size() for t in state) / 2**20,
+            "train/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # this process
         }
 
     def state_dict(self, include_optimizer: bool = True) -> dict:

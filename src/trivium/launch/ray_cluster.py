@@ -1,0 +1,264 @@
+"""The Ray side of ``cluster.backend: ray``: connecting, checking that requests fit, placing actors.
+
+``trivium run`` stays the driver: it runs the explorer's workflows, the train loop and the weight sync,
+and places the heavy parts as Ray actors: every rollout engine (``ray_engines.py``) and every trainer rank
+(``ray_trainer.py``, one placement-group bundle each). Only ``launch/`` imports Ray.
+
+Placement never hangs silently:
+- before anything starts, every request (``cluster.engine`` x ``explorer.engine_num``, ``cluster.trainer_rank``
+  x ``trainer.world_size``) is checked against the cluster's totals and its largest node; a request that
+  cannot fit is a ``ClusterError`` naming the config field and what the cluster has;
+- a placement group or an actor that is not ready within ``cluster.start_timeout_s`` (still PENDING: the
+  cluster is busy, or a node went away) is an error naming it, its request and what is free;
+- where each actor landed (node, pid) is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ClusterError", "RayCluster"]
+
+_CURRENT: RayCluster | None = None
+
+
+class ClusterError(RuntimeError):
+    """A request the Ray cluster cannot serve (does not fit, not placed in time, died while starting)."""
+
+
+@dataclass
+class Request:
+    """``count`` actors of ``resources`` (``ActorResources``), asked for by the config field ``field``."""
+
+    field: str
+    resources: Any
+    count: int
+
+    def amounts(self) -> dict[str, float]:
+        r = self.resources
+        out = {"CPU": r.num_cpus, "GPU": r.num_gpus, "memory": r.memory_gb * 2**30}
+        return {k: v for k, v in out.items() if v > 0}
+
+
+@dataclass
+class RayCluster:
+    """This driver's connection to Ray, and the actors it started (by role), killed with their stage."""
+
+    cfg: Any  # ClusterConfig
+    namespace: str
+    started_here: bool
+    actors: dict[str, list[Any]] = field(default_factory=dict)
+    groups: dict[str, list[Any]] = field(default_factory=dict)  # placement groups, by role
+
+    @classmethod
+    def connect(cls, cfg, config_dir: Path) -> RayCluster:
+        """Join (``cluster.address``) or start Ray for this run; one connection per process."""
+        global _CURRENT
+        import ray
+
+        if _CURRENT is not None:
+            return _CURRENT
+        c = cfg.cluster
+        namespace = c.namespace or f"trivium/{cfg.project}/{cfg.name}"
+        # actors import the user's plugins and module:attr parts from the same places as this process
+        paths = [
+            str(Path(config_dir).resolve()),
+            os.getcwd(),
+            *os.environ.get("PYTHONPATH", "").split(os.pathsep),
+        ]
+        env = {"PYTHONPATH": os.pathsep.join(p for p in paths if p), "TOKENIZERS_PARALLELISM": "false"}
+        options = {
+            "namespace": namespace,
+            "runtime_env": {"env_vars": env},
+            "include_dashboard": False,
+            "log_to_driver": True,
+            "configure_logging": False,
+        }
+        if c.address is None:
+            ray.init(num_cpus=os.cpu_count(), **options)
+        else:
+            try:
+                ray.init(address=c.address, **options)
+            except ConnectionError as error:
+                raise ClusterError(
+                    f"cluster.address={c.address!r}: no Ray cluster there ({error}). Start one with `ray start "
+                    "--head`, give its HOST:PORT, or leave cluster.address empty to start Ray for this run"
+                ) from error
+        total = ray.cluster_resources()
+        log.info(
+            "Ray: %s cluster at %s, namespace %s: %s",
+            "a new" if c.address is None else "joined the",
+            ray.get_runtime_context().gcs_address,
+            namespace,
+            _describe(total),
+        )
+        _CURRENT = cls(c, namespace, c.address is None)
+        return _CURRENT
+
+    @staticmethod
+    def current() -> RayCluster:
+        if _CURRENT is None:
+            raise RuntimeError("cluster.backend ray: Ray is not connected (RayCluster.connect first)")
+        return _CURRENT
+
+    # --- what fits -------------------------------------------------------------------------------
+    def check_fits(self, requests: Sequence[Request]) -> None:
+        """Raise ``ClusterError`` when the requests cannot fit into the cluster as it is: the sum over the
+        totals, and each single actor into its largest node."""
+        import ray
+
+        total = ray.cluster_resources()
+        nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+        need: dict[str, float] = {}
+        for req in requests:
+            for key, amount in req.amounts().items():
+                need[key] = need.get(key, 0.0) + amount * req.count
+                largest = max((n.get(key, 0.0) for n in nodes), default=0.0)
+                if amount > largest + 1e-9:
+                    raise ClusterError(
+                        f"{req.field}: each actor asks for {_amount(key, amount)}, but no node of the cluster has "
+                        f"that much (the largest has {_amount(key, largest)}; the cluster: {_describe(total)}). "
+                        f"Lower {req.field}, or add a node with `ray start --address ...`"
+                    )
+        for key, amount in need.items():
+            if amount > total.get(key, 0.0) + 1e-9:
+                asked = ", ".join(
+                    f"{r.field} {r.count} x {_amount(key, r.amounts()[key])}"
+                    for r in requests
+                    if key in r.amounts()
+                )
+                raise ClusterError(
+                    f"the run asks for {_amount(key, amount)} in all ({asked}), the cluster has "
+                    f"{_amount(key, total.get(key, 0.0))} ({_describe(total)}): lower the requests or the counts "
+                    "(explorer.engine_num, trainer.world_size), or add nodes"
+                )
+
+    # --- placing -----------------------------------------------------------------------------------
+    def placement_group(self, role: str, name: str, bundles: list[dict[str, float]], field_name: str):
+        """A placement group of ``bundles`` (packed on as few nodes as possible), ready, or ``ClusterError``;
+        removed with ``kill(role)``."""
+        import ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+
+        free = ray.available_resources()
+        short = {k: v for k, v in _sum(bundles).items() if v > free.get(k, 0.0) + 1e-9}
+        if short:
+            log.warning(
+                "Ray: %s needs %s, which is not free now (free: %s): waiting up to %g s for it",
+                name,
+                _describe(short),
+                _describe(free),
+                self.cfg.start_timeout_s,
+            )
+        group = placement_group(bundles, strategy="PACK", name=f"{name}@{os.getpid()}")
+        try:
+            ray.get(group.ready(), timeout=self.cfg.start_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            remove_placement_group(group)
+            raise ClusterError(
+                f"{field_name}: the placement group {name} ({len(bundles)} bundle(s) of {bundles[0]}) was not "
+                f"placed within cluster.start_timeout_s={self.cfg.start_timeout_s:g} s; free now: "
+                f"{_describe(ray.available_resources())}. Is another run holding the resources?"
+            ) from None
+        self.groups.setdefault(role, []).append(group)
+        return group
+
+    def start(self, role: str, cls: type, name: str, resources, args: Sequence[Any], *, group=None, bundle=None,
+              max_restarts: int = 0) -> Any:  # fmt: skip
+        """Start actor ``name`` (class ``cls``, a plain class made remote here) and wait until it answers
+        ``ready()``; returns its handle. ``group``/``bundle``: its place in a placement group."""
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        options: dict[str, Any] = {
+            "name": f"{name}@{os.getpid()}",
+            "num_cpus": resources.num_cpus,
+            "num_gpus": resources.num_gpus,
+            "max_restarts": max_restarts,
+            "max_concurrency": 4,  # a weight update or a checksum may come while a batch runs
+        }
+        if resources.memory_gb > 0:
+            options["memory"] = int(resources.memory_gb * 2**30)
+        if group is not None:
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(group, bundle)
+        actor = ray.remote(cls).options(**options).remote(*args)
+        try:
+            where = ray.get(actor.ready.remote(), timeout=self.cfg.start_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            ray.kill(actor)
+            raise ClusterError(
+                f"actor {name} ({_describe(_asks(resources))}) did not start within cluster.start_timeout_s="
+                f"{self.cfg.start_timeout_s:g} s (still PENDING, or too slow to load); free now: "
+                f"{_describe(ray.available_resources())}"
+            ) from None
+        except ray.exceptions.RayError as error:
+            raise ClusterError(f"actor {name} failed while starting: {_first_line(error)}") from error
+        log.info("Ray: placed %s on node %s (pid %s)", name, where["node"], where["pid"])
+        self.actors.setdefault(role, []).append(actor)
+        return actor
+
+    def kill(self, role: str) -> None:
+        """Kill the actors of ``role`` this driver started (at the end of their stage)."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for actor in self.actors.pop(role, []):
+            ray.kill(actor)
+        for group in self.groups.pop(role, []):
+            remove_placement_group(group)
+
+    def close(self) -> None:
+        global _CURRENT
+        import ray
+
+        for role in {*self.actors, *self.groups}:
+            self.kill(role)
+        if self.started_here:
+            ray.shutdown()
+        _CURRENT = None
+
+
+def quiet_actor() -> None:
+    """In an actor: no progress bars (checkpoint writes would print one per rank into the driver's log)."""
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+
+
+def placement_info() -> dict[str, Any]:
+    """Where the calling actor runs: for ``ready()``."""
+    import ray
+
+    return {"node": ray.util.get_node_ip_address(), "pid": os.getpid()}
+
+
+def _asks(resources) -> dict[str, float]:
+    return Request("", resources, 1).amounts()
+
+
+def _amount(key: str, value: float) -> str:
+    return f"{value / 2**30:.1f} GiB memory" if key == "memory" else f"{value:g} {key}"
+
+
+def _sum(bundles: list[dict[str, float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for bundle in bundles:
+        for k, v in bundle.items():
+            out[k] = out.get(k, 0.0) + v
+    return out
+
+
+def _describe(resources: dict[str, float]) -> str:
+    keys = [k for k in ("CPU", "GPU", "memory") if k in resources]
+    return ", ".join(_amount(k, resources[k]) for k in keys) or "nothing"
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[-1][:300]

@@ -1,0 +1,242 @@
+"""Rollout engines as Ray actors, and the pool that samples from them as one ``RolloutModel``.
+
+Each ``EngineActor`` holds a ``TransformersEngine`` over its own copy of the policy (built from the
+model's config; weights through Ray's object store, so no shared file system is needed for them). The
+driver's explorer samples from an ``EnginePool`` inside its usual ``BatchingRolloutModel``: every batch of
+requests is split into ``engine_num`` contiguous shards, one per engine, sampled in parallel. A weight
+update is put into the object store once and loaded by every engine; the post-load check asks every
+engine for its checksum (they must agree).
+
+An engine actor that dies (its process killed, out of memory) is restarted by Ray
+(``cluster.max_restarts``); the pool then loads the newest weights into it again and sends the failed
+shard once more, so every request of a step is answered, counted in ``rollout/engine_restarts``. A
+restarted engine's sampling RNG starts afresh: a run with a restart is not bit-reproducible.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from trivium.launch.ray_cluster import ClusterError, RayCluster, Request, placement_info
+from trivium.models.protocol import Generation, SamplingParams
+from trivium.sync.weights import WeightSyncError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["EngineActor", "EnginePool"]
+
+_POOLS = itertools.count()  # engine actor names stay unique within a run's namespace
+
+
+class EngineActor:
+    """One rollout engine (a Ray actor): the same ``generate`` / ``update_weights`` as the in-process one."""
+
+    def __init__(self, config, tokenizer, engine_args: dict):
+        """The model from its config alone: the weights arrive by ``update_weights`` (after a restart too),
+        so constructor arguments stay small and never point at an object that may go out of scope."""
+        from transformers import AutoModelForCausalLM
+
+        from trivium.launch.ray_cluster import quiet_actor
+        from trivium.models.transformers_engine import TransformersEngine
+
+        quiet_actor()
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        self.engine = TransformersEngine(model, tokenizer, **engine_args)
+
+    def ready(self) -> dict[str, Any]:
+        return placement_info()
+
+    def generate(self, prompts, params: SamplingParams) -> list[list[Generation]]:
+        return self.engine.generate(prompts, params)
+
+    def update_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
+        self.engine.update_weights(weights, version)
+
+    def weights_checksum(self) -> str:
+        return self.engine.weights_checksum()
+
+    def version(self) -> int:
+        return self.engine.version
+
+    def sampler_state(self) -> dict:
+        return self.engine.sampler_state()
+
+    def load_sampler_state(self, state: dict) -> None:
+        self.engine.load_sampler_state(state)
+
+    def peak_rss_mb(self) -> float:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+class EnginePool:
+    """``RolloutModel`` over ``engine_num`` engine actors (see the module docstring)."""
+
+    def __init__(
+        self, cluster: RayCluster, actors: list[Any], tokenizer, dtype: torch.dtype, meta: dict, version: int
+    ):
+        self.cluster, self.actors = cluster, actors
+        self._tokenizer, self._dtype = tokenizer, dtype
+        self.max_length, self.eos_ids = meta["max_length"], meta["eos_ids"]
+        self.version = version
+        self._weights: tuple[Any, int] | None = None  # the newest update's object ref and version
+        self.restarts = 0
+
+    @classmethod
+    def start(
+        cls, cluster: RayCluster, policy: torch.nn.Module, tokenizer, cfg, version: int, stage: str
+    ) -> EnginePool:
+        """``explorer.engine_num`` engine actors over ``policy``'s weights (``cluster.engine`` each)."""
+        from trivium.models.protocol import eos_token_ids
+
+        n = cfg.explorer.engine_num
+        cluster.check_fits([Request("cluster.engine", cfg.cluster.engine, n)])
+        r = cfg.explorer.rollout
+        pool_id = next(_POOLS)
+        actors = []
+        for i in range(n):
+            args = {
+                "device": "cuda" if cfg.cluster.engine.num_gpus > 0 else "cpu",
+                "dtype": r.dtype or cfg.model.dtype,
+                "seed": cfg.seed + i,  # engine 0 samples as the in-process engine would
+                "autocast_dtype": r.autocast_dtype,
+            }
+            actors.append(
+                cluster.start(
+                    "engine",
+                    EngineActor,
+                    f"{stage}/engines-{pool_id}/{i}",
+                    cfg.cluster.engine,
+                    (policy.config, tokenizer, args),
+                    max_restarts=cfg.cluster.max_restarts,
+                )
+            )
+        meta = {
+            "max_length": policy.config.max_position_embeddings,
+            "eos_ids": eos_token_ids(tokenizer, policy.generation_config, "EnginePool"),
+        }
+        dtype = next(policy.parameters()).dtype if r.dtype is None else getattr(torch, r.dtype)
+        pool = cls(cluster, actors, tokenizer, dtype, meta, version)
+        pool.update_weights(policy.state_dict(), version)  # the starting weights, through the object store
+        return pool
+
+    # --- RolloutModel -------------------------------------------------------------------------------
+    @property
+    def tokenizer(self):
+        return self._tokenizer
+
+    @property
+    def weights_dtype(self) -> torch.dtype:
+        return self._dtype
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Generation]]:
+        """Contiguous shards of ``prompts``, one per engine, sampled in parallel; results in prompt order."""
+        size = -(-len(prompts) // len(self.actors))
+        shards = {i: list(prompts[i * size : (i + 1) * size]) for i in range(len(self.actors))}
+        shards = {i: s for i, s in shards.items() if s}
+        results = self._each(lambda i, actor: actor.generate.remote(shards[i], params), list(shards))
+        return [gen for i in shards for gen in results[i]]
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        import ray
+
+        ref = ray.put({k: v.detach().to("cpu") for k, v in state_dict.items()})
+        self._weights = (ref, version)  # a restarted engine gets these too
+        self._each(lambda i, actor: actor.update_weights.remote(ref, version))
+        self.version = version
+
+    def weights_checksum(self) -> str:
+        sums = list(self._each(lambda i, actor: actor.weights_checksum.remote()).values())
+        if len(set(sums)) > 1:
+            raise WeightSyncError(
+                f"the {len(sums)} rollout engines hold different weights after version {self.version} "
+                f"(checksums {sorted({s[:12] for s in sums})})"
+            )
+        return sums[0]
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        raise NotImplementedError("engines on Ray keep their weights in their actors: use weights_checksum()")
+
+    def sampler_state(self) -> dict:
+        states = self._each(lambda i, actor: actor.sampler_state.remote())
+        return {"engines": [states[i] for i in range(len(self.actors))]}
+
+    def load_sampler_state(self, state: dict) -> None:
+        saved = state.get("engines")
+        if saved is None or len(saved) != len(self.actors):
+            log.warning(
+                "the saved sampler state is from %s engine(s): sampling continues from fresh RNGs",
+                len(saved or []),
+            )
+            return
+        self._each(lambda i, actor: actor.load_sampler_state.remote(saved[i]))
+
+    def metrics(self) -> dict[str, float]:
+        """Restarts so far, and the largest peak RSS of an engine actor."""
+        peaks = self._each(lambda i, actor: actor.peak_rss_mb.remote())
+        return {
+            "rollout/engine_restarts": float(self.restarts),
+            "rollout/engine_peak_rss_mb": max(peaks.values()),
+        }
+
+    # --- failures -----------------------------------------------------------------------------------
+    def _each(self, call: Callable[[int, Any], Any], which: list[int] | None = None) -> dict[int, Any]:
+        """``call(i, actor)`` (a remote call) for each engine ``i``, answers by engine. An engine that died is
+        restarted by Ray, reloaded with the newest weights and called again, up to ``cluster.max_restarts``
+        times in one call."""
+        import ray
+
+        which = list(range(len(self.actors))) if which is None else which
+        refs = {i: call(i, self.actors[i]) for i in which}
+        out: dict[int, Any] = {}
+        failures = 0
+        while refs:
+            i, ref = next(iter(refs.items()))
+            try:
+                out[i] = ray.get(ref)
+                del refs[i]
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as error:
+                failures += 1
+                if failures > self.cluster.cfg.max_restarts:
+                    raise ClusterError(
+                        f"rollout engines died {failures} time(s) in one call; cluster.max_restarts="
+                        f"{self.cluster.cfg.max_restarts} reached (last: engine {i}, {type(error).__name__})"
+                    ) from error
+                self._recover(i, error)
+                refs[i] = call(i, self.actors[i])
+        return out
+
+    def _recover(self, i: int, error: BaseException) -> None:
+        """Wait for Ray to restart engine ``i``, then give it the newest weights."""
+        import ray
+
+        self.restarts += 1
+        log.warning("rollout engine %d died (%s): waiting for its restart", i, type(error).__name__)
+        actor = self.actors[i]
+        deadline = time.monotonic() + self.cluster.cfg.start_timeout_s
+        while True:  # "unavailable" while Ray restarts it; "died" once it gave up
+            try:
+                ray.get(actor.ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
+                break
+            except ray.exceptions.ActorUnavailableError:
+                if time.monotonic() > deadline:
+                    raise ClusterError(
+                        f"rollout engine {i} was not restarted within cluster.start_timeout_s="
+                        f"{self.cluster.cfg.start_timeout_s:g} s"
+                    ) from error
+                time.sleep(0.5)
+            except ray.exceptions.RayError as again:
+                raise ClusterError(f"rollout engine {i} did not come back after dying: {again}") from again
+        if self._weights is not None:
+            ref, version = self._weights
+            ray.get(actor.update_weights.remote(ref, version))
+        log.warning(
+            "rollout engine %d restarted (weights version %d); its requests are sent again", i, self.version
+        )

@@ -1,0 +1,225 @@
+"""cluster.backend: ray on a real Ray cluster the tests start (`ray start --head` on a free port, 2 CPUs):
+the same metrics as the local backend, several engines and DDP ranks, placements that cannot fit, killed
+engine actors restarted, a killed trainer rank ending the run, and decoupled processes joined to one cluster."""
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from tests.launch.helpers import assert_same_records
+
+from trivium.monitor.metrics import read_metrics
+
+ray = pytest.importorskip("ray")
+RAY = Path(sys.executable).with_name("ray")
+SMALL = {"num_cpus": 0.5}  # 2 engines + 2 ranks fit into the 2 logical CPUs
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A one-node Ray cluster for this module; its address is in RAY_ADDRESS for `address: auto`."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths have a length limit
+    start = [str(RAY), "start", "--head", f"--port={port}", "--num-cpus=2", "--node-ip-address=127.0.0.1"]
+    start += ["--object-store-memory=200000000", "--include-dashboard=false", "--disable-usage-stats"]
+    subprocess.run([*start, f"--temp-dir={temp}"], check=True, capture_output=True, timeout=120)
+    address = f"127.0.0.1:{port}"
+    old = os.environ.get("RAY_ADDRESS")
+    os.environ["RAY_ADDRESS"] = address
+    try:
+        yield address
+    finally:
+        subprocess.run([str(RAY), "stop", "--force"], capture_output=True, timeout=120)
+        if old is None:
+            os.environ.pop("RAY_ADDRESS", None)
+        else:
+            os.environ["RAY_ADDRESS"] = old
+
+
+def config(e2e, folder, name, cluster, engines=1, strategy="single", world=1, grpo_steps=3, sft_steps=5):
+    cfg = e2e.config(folder, grpo_steps=grpo_steps)
+    cfg["name"] = name
+    cfg["stages"][0]["buffer"]["total_steps"] = sft_steps
+    cfg["cluster"] = cluster
+    cfg["explorer"]["engine_num"] = engines
+    for stage in cfg["stages"]:
+        stage["trainer"].update({"strategy": strategy, "world_size": world})
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def ray_cluster_cfg(**extra):
+    return {"backend": "ray", "address": "auto", "engine": SMALL, "trainer_rank": SMALL, **extra}
+
+
+def run(path, *extra, env=None, timeout=600):
+    return subprocess.run(
+        [sys.executable, "-m", "trivium.cli", "run", "-c", str(path), *extra],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def without(records, key):
+    return [{k: v for k, v in r.items() if k != key} for r in records]
+
+
+@pytest.mark.integration
+def test_one_engine_and_one_rank_on_ray_equal_the_local_backend(e2e, tmp_path, ray_cluster):
+    e2e.write(tmp_path)
+    local = run(config(e2e, tmp_path, "local", {}))
+    assert local.returncode == 0, local.stderr[-3000:]
+    on_ray = run(config(e2e, tmp_path, "ray", ray_cluster_cfg()))
+    assert on_ray.returncode == 0, on_ray.stderr[-3000:]
+    assert "Ray: joined the cluster" in on_ray.stderr and "Ray: placed grpo/rank-0 on node" in on_ray.stderr
+    got = without(read_metrics(tmp_path / "runs" / "e2e" / "ray"), "rollout/engine_restarts")
+    assert all(r["rollout/engine_peak_rss_mb"] > 0 for r in got if r["stage"] == "grpo" and "train/loss" in r)
+    assert_same_records(got, read_metrics(tmp_path / "runs" / "e2e" / "local"))
+
+
+@pytest.mark.integration
+def test_a_placement_that_cannot_fit_fails_at_once_naming_the_field(e2e, tmp_path, ray_cluster):
+    e2e.write(tmp_path)
+    path = config(e2e, tmp_path, "greedy", ray_cluster_cfg(trainer_rank={"num_cpus": 0.5, "num_gpus": 8}))
+    t0 = time.monotonic()
+    result = run(path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert (
+        "cluster.trainer_rank: each actor asks for 8 GPU, but no node of the cluster has that much"
+        in result.stderr
+    )
+    assert time.monotonic() - t0 < 60  # no wait for a placement that can never happen
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_two_engines_and_two_ddp_ranks_learn_and_a_killed_engine_is_restarted(e2e, tmp_path, ray_cluster):
+    """The tiny task's SFT then GRPO with 2 engine actors and 2 DDP rank actors; one engine is SIGKILLed
+    during GRPO: Ray restarts it, its requests are sent again, every step still trains on a whole batch,
+    and the reward rises."""
+    e2e.write(tmp_path)
+    path = config(
+        e2e,
+        tmp_path,
+        "two",
+        ray_cluster_cfg(),
+        engines=2,
+        strategy="ddp",
+        world=2,
+        grpo_steps=24,
+        sft_steps=150,
+    )
+    log = tmp_path / "two.log"
+    with open(log, "w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trivium.cli", "run", "-c", str(path)], stderr=sink, stdout=sink, text=True
+        )
+    run_dir = tmp_path / "runs" / "e2e" / "two"
+    try:
+        deadline = time.monotonic() + 600
+        while not any(r.get("stage") == "grpo" and r.get("step") == 3 for r in _records(run_dir)):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        pid = _pid(log.read_text(), "engines-1/1")
+        os.kill(pid, signal.SIGKILL)
+        assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
+    finally:
+        proc.kill()
+    text = log.read_text()
+    assert "rollout engine 1 died" in text and "restarted" in text
+    grpo = [r for r in read_metrics(run_dir) if r["stage"] == "grpo" and "train/loss" in r]
+    assert [r["train/sequences"] for r in grpo] == [64.0] * 24  # nothing lost to the death
+    assert grpo[-1]["rollout/engine_restarts"] >= 1
+    first = sum(r["rollout/reward_mean"] for r in grpo[:6]) / 6
+    last = sum(r["rollout/reward_mean"] for r in grpo[-6:]) / 6
+    assert last > first, (first, last)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_killed_trainer_rank_actor_ends_the_run_and_a_rerun_resumes(e2e, tmp_path, ray_cluster):
+    e2e.write(tmp_path)
+    path = config(
+        e2e, tmp_path, "rank", ray_cluster_cfg(), strategy="ddp", world=2, sft_steps=40, grpo_steps=2
+    )
+    cfg = yaml.safe_load(path.read_text())
+    cfg["stages"][0]["trainer"]["save_interval"] = 5
+    path.write_text(yaml.safe_dump(cfg))
+    log = tmp_path / "rank.log"
+    with open(log, "w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trivium.cli", "run", "-c", str(path)], stderr=sink, stdout=sink, text=True
+        )
+    run_dir = tmp_path / "runs" / "e2e" / "rank"
+    deadline = time.monotonic() + 600
+    while not any(r.get("step", 0) >= 7 for r in _records(run_dir)):
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.2)
+    pid = _pid(log.read_text(), "sft/rank-1")
+    os.kill(pid, signal.SIGKILL)
+    assert proc.wait(timeout=300) == 1, log.read_text()[-3000:]
+    assert "trainer rank actor sft/rank-1 died" in log.read_text()
+    again = run(path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming from" in again.stderr
+    steps = [(r["stage"], r["step"]) for r in read_metrics(run_dir) if "train/loss" in r]
+    assert steps == [("sft", s) for s in range(1, 41)] + [("grpo", 1), ("grpo", 2)]
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_decoupled_explore_and_train_processes_on_one_cluster(
+    tmp_path, tiny_model_dir, word_problem_dir, ray_cluster
+):
+    from tests.launch.test_decoupled_processes import pair_config
+
+    path = pair_config(
+        tmp_path,
+        tiny_model_dir,
+        word_problem_dir,
+        "pair",
+        total_steps=3,
+        synchronizer={"method": "checkpoint", "sync_interval": 1},
+        cluster=ray_cluster_cfg(),
+    )
+    cmd = [sys.executable, "-m", "trivium.cli", "run", "-c", str(path), "--set"]
+    explore = subprocess.Popen([*cmd, "mode=explore"], stderr=subprocess.PIPE, text=True)
+    train = subprocess.run([*cmd, "mode=train"], capture_output=True, text=True, timeout=600)
+    _, explore_err = explore.communicate(timeout=600)
+    assert train.returncode == 0, train.stderr[-3000:]
+    assert explore.returncode == 0, explore_err[-3000:]
+    assert "placed pair/engines-0/0" in explore_err and "placed main/rank-0" in train.stderr
+    records = read_metrics(tmp_path / "runs" / "decoupled" / "pair")
+    assert [r["rollout/model_version"] for r in records if r.get("role") == "explore"] == [0, 1, 2]
+    assert [r["step"] for r in records if r.get("role") == "train"] == [1, 2, 3]
+
+
+def _records(run_dir):
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):  # a line being written
+            out.append(json.loads(line))
+    return out
+
+
+def _pid(log: str, actor: str) -> int:
+    """The pid of ``actor`` from the run's "Ray: placed ... (pid N)" line."""
+    return int(re.search(re.escape(actor) + r" on node \S+ \(pid (\d+)\)", log).group(1))
