@@ -84,3 +84,11 @@ def test_injected_environment_faults_raise_or_hang_until_the_timeout_stops_them(
     with injector.scope("k"), pytest.raises(faults.InjectedFault, match=r"env_raise at env grid\.step"):
         call_with_timeout(lambda: "obs", timeout_s=0.2, what="grid.step", fault_site="env")
     assert call_with_timeout(lambda: "obs", timeout_s=0.2, what="grid.step", fault_site="env") == "obs"
+
+
+def test_the_fault_scope_reaches_a_reward_computed_inside_an_environment_call():
+    """The tool environment scores the final answer inside step(), i.e. in the helper thread."""
+    injector = FaultInjector(FaultRates(reward_raise=1.0))
+    with injector.scope("k") as scope, pytest.raises(faults.InjectedFault, match="reward_raise"):
+        call_with_timeout(lambda: faults.at("reward", "math_verify"), timeout_s=1.0, what="tools.step")
+    assert scope.injected == ["reward_raise"]

@@ -1,6 +1,8 @@
 """Faults injected at the explorer's real call sites take the path of real failures: the task or episode
 fails (or is retried), the failure is recorded with what was injected, and each step counts them."""
 
+import time
+
 import pytest
 
 from trivium.explorer.explorer import Explorer
@@ -111,3 +113,36 @@ def test_evaluation_is_left_alone_unless_asked(engine):
     metrics = explorer.evaluate()
     assert metrics["eval/test/failed_tasks"] == metrics["eval/test/faults/workflow_raise"] > 0
     assert all(r["when"] == "eval" for r in records)
+
+
+def test_environment_faults_fail_their_episodes_and_the_hung_ones_are_stopped(engine):
+    """Multi-turn tasks over a scripted environment: injected reset/step failures and hangs (0.3 s limit)
+    drop their episodes only; every dropped episode is recorded with what was injected into its task."""
+    from tests.workflows.conftest import CountdownEnv
+
+    from trivium.envs.calls import hung_calls
+
+    args = {"env": "tests.workflows.conftest:CountdownEnv", "env_args": {"turns": 2}, "env_timeout_s": 0.3}
+    tasks = Tasks(6, repeat=3)
+    tasks.tasks = [
+        Task(t.task_id, {"n": i}, "multi_turn", "exact_match", 3, workflow_args=args)
+        for i, t in enumerate(tasks.tasks)
+    ]
+    CountdownEnv.created = 0
+    records = []
+    explorer = make(
+        engine, FaultRates(seed=4, env_raise=0.1, env_hang=0.1), records, taskset=tasks, batch_size=6
+    )
+    metrics = explorer.explore_step(1)
+    injected = metrics["faults/env_raise"] + metrics["faults/env_hang"]
+    assert metrics["faults/env_raise"] > 0 and metrics["faults/env_hang"] > 0
+    dropped = metrics["rollout/failed_runs"] + 3 * metrics["rollout/failed_tasks"]
+    assert dropped == injected  # one injected fault ends one episode
+    assert metrics["rollout/experiences"] == 6 * 3 - injected
+    assert all(
+        r["injected"] and ("env_raise" in r["reason"] or "injected hang" in r["reason"]) for r in records
+    )
+    deadline = time.monotonic() + 2  # the injected hangs are stopped (within a 50 ms sleep slice)
+    while [w for w, _ in hung_calls() if "CountdownEnv" in w] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not [w for w, _ in hung_calls() if "CountdownEnv" in w]

@@ -20,6 +20,7 @@ that should use timeouts of its own, or run its work in a subprocess that ``clos
 
 from __future__ import annotations
 
+import contextvars
 import ctypes
 import threading
 import time
@@ -54,10 +55,11 @@ def call_with_timeout(
     if not timeout_s:
         return fn(*args)
     box: dict[str, Any] = {}
+    context = contextvars.copy_context()  # the caller's fault scope reaches rewards computed in the call
 
     def target() -> None:
         try:
-            box["value"] = fn(*args)
+            box["value"] = context.run(fn, *args)
         except BaseException as exc:  # re-raised in the caller (EnvStopped: the caller has left)
             box["error"] = exc
 
