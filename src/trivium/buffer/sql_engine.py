@@ -25,6 +25,7 @@ __all__ = ["create_engine", "explain", "parse_url"]
 
 SQLITE_BUSY_TIMEOUT_S = 60.0  # how long a transaction waits for another process's write lock
 PG_CONNECT_TIMEOUT_S = 10
+PG_RECONNECT_S = 120.0  # how long an operation retries a lost PostgreSQL connection (storage_sql.py)
 
 
 def parse_url(url: str | os.PathLike[str]) -> sa.URL:

@@ -20,6 +20,13 @@ Design decisions:
   same locks as a claim. A pending row rewarded late keeps its id, so FIFO serves it before rows written
   after it. Databases written before this index existed get it when opened; their rows read as before.
 
+- A PostgreSQL server that restarts (or a network that drops) costs a wait, not the run: every operation
+  is one transaction, retried on a lost connection for up to ``reconnect_s`` (120 s). A retry is safe:
+  an aborted transaction changed nothing; one whose commit landed before the connection dropped is found
+  again (a claim by its token, made before the first try; a keyed write by its key; a commit is
+  idempotent; recover finds nothing left to release). Two cases stay ambiguous: a write without a key
+  (serve mode's calls) may then be stored twice, and ``attach_reward`` answers ``RewardConflict``.
+
 Left out: other databases (MySQL would need testing of its locking), schema migrations (the tables carry
 a record format number; a new format needs a new reader, not an ALTER), SQLite on network filesystems
 (WAL needs shared memory on one host; use PostgreSQL across machines).
@@ -28,21 +35,22 @@ a record format number; a new format needs a new reader, not an ALTER), SQLite o
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
 import time
 import uuid
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
 from trivium.buffer.replay import FIFO, Fifo, ReadPolicy, ReplayPolicy
-from trivium.buffer.sql_engine import create_engine, explain, parse_url
+from trivium.buffer.sql_engine import PG_RECONNECT_S, create_engine, explain, parse_url
 from trivium.buffer.storage import (
     STATUSES,
     Claim,
@@ -58,6 +66,9 @@ from trivium.types import Experience
 
 __all__ = ["SqlStorage"]
 
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
 _TABLE_NAME = re.compile(r"[a-z_][a-z0-9_]{0,40}")
 
 
@@ -72,7 +83,12 @@ class SqlStorage:
     """
 
     def __init__(
-        self, url: str | os.PathLike[str], *, table: str = "experiences", poll_s: float = 0.05
+        self,
+        url: str | os.PathLike[str],
+        *,
+        table: str = "experiences",
+        poll_s: float = 0.05,
+        reconnect_s: float = PG_RECONNECT_S,
     ) -> None:
         if not _TABLE_NAME.fullmatch(table):
             raise ValueError(
@@ -83,9 +99,12 @@ class SqlStorage:
         self.where = self.url.render_as_string(hide_password=True)
         self.table = table
         self.poll_s = poll_s
+        self.reconnect_s = reconnect_s  # PostgreSQL: how long a lost connection is retried
         self._rows, self._claims, self._keys = _tables(table)
         self._engine = create_engine(self.url, self.where)
+        self._opened = False
         self._create_schema()
+        self._opened = True
 
     def __repr__(self) -> str:
         return f"SqlStorage({self.where!r}, table={self.table!r})"
@@ -106,19 +125,25 @@ class SqlStorage:
         now = time.time()
         values = [_row_values(e, key, now, "pending" if pending else "ready") for e in experiences]
         rows = self._rows
+
+        def insert(conn: sa.Connection) -> list[int]:
+            if key is not None:
+                conn.execute(sa.insert(self._keys).values(key=key, written_at=now))
+            stmt = sa.insert(rows).returning(rows.c.id, sort_by_parameter_order=True)
+            return list(conn.execute(stmt, values).scalars())
+
         try:
-            with self._begin(f"writing {len(values)} experiences") as conn:
-                if key is not None:
-                    conn.execute(sa.insert(self._keys).values(key=key, written_at=now))
-                stmt = sa.insert(rows).returning(rows.c.id, sort_by_parameter_order=True)
-                return list(conn.execute(stmt, values).scalars())
+            return self._transaction(f"writing {len(values)} experiences", insert)
         except sa_exc.IntegrityError as error:
             if key is None:
                 raise
-            conflict = error
-        with self._begin(f"looking up write key {key!r}") as conn:
+            conflict = error  # the key was written before (a re-run step, or a retried commit that landed)
+
+        def look_up(conn: sa.Connection) -> list[int]:
             stmt = sa.select(rows.c.id).where(rows.c.write_key == key).order_by(rows.c.id)
-            ids = list(conn.execute(stmt).scalars())
+            return list(conn.execute(stmt).scalars())
+
+        ids = self._transaction(f"looking up write key {key!r}", look_up)
         if not ids:
             raise conflict  # not a repeated key: some other constraint failed
         return ids
@@ -136,7 +161,8 @@ class SqlStorage:
             raise ValueError(f"attach_reward({task_id!r}, reward={reward}): a reward must be a finite number")
         feedback = _json_safe(dict(info), "feedback info", task_id) if info else None
         rows = self._rows
-        with self._begin(f"attaching a reward to {task_id!r}") as conn:
+
+        def attach(conn: sa.Connection) -> list[int]:
             found = conn.execute(
                 sa.select(rows.c.id, rows.c.status, rows.c.fields)
                 .where(rows.c.task_id == task_id)
@@ -165,7 +191,9 @@ class SqlStorage:
                 .values(status="ready", fields=sa.bindparam("new_fields")),
                 updates,
             )
-        return [r.id for r, _ in targets]
+            return [r.id for r, _ in targets]
+
+        return self._transaction(f"attaching a reward to {task_id!r}", attach)
 
     def read(
         self,
@@ -197,7 +225,8 @@ class SqlStorage:
     def commit(self, claim: Claim | str) -> None:
         token = claim.token if isinstance(claim, Claim) else claim
         rows, claims = self._rows, self._claims
-        with self._begin(f"committing claim {token!r}") as conn:
+
+        def commit_claim(conn: sa.Connection) -> Any:
             found = conn.execute(
                 sa.select(claims).where(claims.c.token == token).with_for_update()
             ).one_or_none()
@@ -230,9 +259,12 @@ class SqlStorage:
                 .values(status="committed", closed_at=time.time())
             )
 
+        return self._transaction(f"committing claim {token!r}", commit_claim)
+
     def recover(self, consumer: str) -> int:
         rows, claims = self._rows, self._claims
-        with self._begin(f"recovering the claims of {consumer!r}") as conn:
+
+        def release(conn: sa.Connection) -> Any:
             tokens = list(
                 conn.execute(
                     sa.select(claims.c.token)
@@ -252,14 +284,19 @@ class SqlStorage:
             )
             return int(released)
 
+        return self._transaction(f"recovering the claims of {consumer!r}", release)
+
     def count(self, status: Status | None = None) -> int:
         stmt = sa.select(sa.func.count()).select_from(self._rows)
         if status is not None:
             if status not in STATUSES:
                 raise ValueError(f"SqlStorage.count(status={status!r}): use one of {list(STATUSES)} or None")
             stmt = stmt.where(self._rows.c.status == status)
-        with self._begin("counting experiences") as conn:
+
+        def count_rows(conn: sa.Connection) -> Any:
             return int(conn.execute(stmt).scalar_one())
+
+        return self._transaction("counting experiences", count_rows)
 
     def close(self) -> None:
         self._engine.dispose()
@@ -268,10 +305,16 @@ class SqlStorage:
 
     def _try_claim(self, n: int, policy: ReadPolicy, consumer: str, step: int | None) -> Claim | None:
         rows, claims = self._rows, self._claims
-        with self._begin(f"claiming {n} experiences for {consumer!r}") as conn:
-            if step is None:
-                step = self._next_step(conn, consumer)
-            where, order, max_uses = _selection(rows, policy, step)
+        token = uuid.uuid4().hex  # made here: a retried claim finds out whether its first try committed
+        tries = 0
+
+        def claim(conn: sa.Connection) -> Claim | None:
+            nonlocal tries
+            tries += 1
+            if tries > 1 and (held := self._claimed(conn, token)) is not None:
+                return held
+            at_step = self._next_step(conn, consumer) if step is None else step
+            where, order, max_uses = _selection(rows, policy, at_step)
             ids = list(
                 conn.execute(
                     sa.select(rows.c.id)
@@ -283,7 +326,6 @@ class SqlStorage:
             )
             if len(ids) < n:
                 return None
-            token = uuid.uuid4().hex
             conn.execute(
                 sa.update(rows).where(rows.c.id.in_(ids)).values(status="claimed", claim_token=token)
             )
@@ -291,20 +333,39 @@ class SqlStorage:
                 sa.insert(claims).values(
                     token=token,
                     consumer=consumer,
-                    step=step,
+                    step=at_step,
                     max_uses=max_uses,
                     size=n,
                     status="open",
                     claimed_at=time.time(),
                 )
             )
-            payload = conn.execute(
-                sa.select(rows.c.id, rows.c.record_format, rows.c.fields, rows.c.tensors).where(
-                    rows.c.id.in_(ids)
-                )
+            return self._claim_of(conn, token, consumer, at_step, ids)
+
+        return self._transaction(f"claiming {n} experiences for {consumer!r}", claim)
+
+    def _claimed(self, conn: sa.Connection, token: str) -> Claim | None:
+        """The claim ``token`` when a try whose commit was cut off did commit it (None: it did not)."""
+        found = conn.execute(sa.select(self._claims).where(self._claims.c.token == token)).one_or_none()
+        if found is None:
+            return None
+        rows = self._rows
+        ids = list(
+            conn.execute(
+                sa.select(rows.c.id).where(rows.c.claim_token == token).order_by(rows.c.id)
+            ).scalars()
+        )
+        return self._claim_of(conn, token, found.consumer, found.step, ids)
+
+    def _claim_of(self, conn: sa.Connection, token: str, consumer: str, step: int, ids: list[int]) -> Claim:
+        rows = self._rows
+        payload = conn.execute(
+            sa.select(rows.c.id, rows.c.record_format, rows.c.fields, rows.c.tensors).where(
+                rows.c.id.in_(ids)
             )
-            # decoded inside the transaction: a damaged row fails the read instead of staying claimed
-            by_id = {r.id: self._decode(r) for r in payload}
+        )
+        # decoded inside the transaction: a damaged row fails the read instead of staying claimed
+        by_id = {r.id: self._decode(r) for r in payload}
         return Claim(token, consumer, step, tuple(ids), tuple(by_id[i] for i in ids))
 
     def _unknown(self, task_id: str, run_index: int | None, found: Sequence[sa.Row]) -> str:
@@ -344,12 +405,16 @@ class SqlStorage:
         self, n: int, policy: ReadPolicy, consumer: str, step: int | None, timeout: float | None
     ) -> str:
         rows = self._rows
-        with self._begin("counting experiences") as conn:
+
+        def count_rows(conn: sa.Connection) -> Any:
             by_status = dict(
                 conn.execute(sa.select(rows.c.status, sa.func.count()).group_by(rows.c.status)).all()
             )
             where, _, _ = _selection(rows, policy, self._next_step(conn, consumer) if step is None else step)
             eligible = conn.execute(sa.select(sa.func.count()).select_from(rows).where(*where)).scalar_one()
+            return by_status, eligible
+
+        by_status, eligible = self._transaction("counting experiences", count_rows)
         counts = ", ".join(f"{by_status.get(s, 0)} {s}" for s in STATUSES)
         return (
             f"experience storage {self.where}: read(n={n}, policy={policy}, consumer={consumer!r}) timed "
@@ -370,12 +435,50 @@ class SqlStorage:
             for index in self._rows.indexes:  # a table made by an older trivium lacks the newer ones
                 index.create(conn, checkfirst=True)
 
+    def _transaction(self, doing: str, body: Callable[[sa.Connection], T]) -> T:
+        """``body(conn)`` in one transaction. On PostgreSQL a lost connection (the server restarting, the
+        network) is retried with the same body for up to ``reconnect_s``, waiting 0.5 s, then longer, up
+        to 5 s, between tries; every body is safe to retry (see the module docstring)."""
+        deadline, wait = None, 0.5
+        while True:
+            try:
+                with self._begin(doing) as conn:
+                    return body(conn)
+            except StorageError as error:
+                if not self._reconnectable(error.__cause__):
+                    raise
+                now = time.monotonic()
+                deadline = now + self.reconnect_s if deadline is None else deadline
+                if now >= deadline:
+                    raise StorageError(
+                        f"{error} (the connection was lost; retried for {self.reconnect_s:g} s)"
+                    ) from error.__cause__
+                log.warning(
+                    "experience storage %s: %s lost its connection (%s); retrying for up to %.0f s more",
+                    self.where,
+                    doing,
+                    str(getattr(error.__cause__, "orig", error.__cause__)).strip().splitlines()[0][:200],
+                    deadline - now,
+                )
+                time.sleep(min(wait, max(0.0, deadline - now)))
+                wait = min(2 * wait, 5.0)
+
+    def _reconnectable(self, cause: BaseException | None) -> bool:
+        """A PostgreSQL connection error after the storage opened (a wrong URL at start fails at once)."""
+        if not self._opened or self.url.get_backend_name() != "postgresql":
+            return False
+        if isinstance(cause, sa_exc.DBAPIError) and cause.connection_invalidated:
+            return True
+        return isinstance(cause, sa_exc.OperationalError)
+
     @contextmanager
     def _begin(self, doing: str) -> Iterator[sa.Connection]:
         try:
             with self._engine.begin() as conn:
                 yield conn
-        except sa_exc.OperationalError as error:
+        except sa_exc.DBAPIError as error:
+            if not isinstance(error, sa_exc.OperationalError) and not error.connection_invalidated:
+                raise
             raise StorageError(explain(self.url, self.where, doing, error)) from error
 
 

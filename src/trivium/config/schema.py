@@ -468,6 +468,31 @@ class ClusterConfig(StrictModel):
 class MonitorConfig(StrictModel):
     progress_bar: bool = True
     """Show a console progress bar with reward, accuracy and loss."""
+    stall_timeout_s: float = Field(600.0, ge=0, le=SECONDS_MAX)
+    """No step finished for this long: write every thread's stack to stall_*.txt in the run folder and the
+    log, saying what each part waits on (launch/doctor.py); the run goes on. Again after as long. 0 = off."""
+
+
+class FaultsConfig(StrictModel):
+    """Faults injected on purpose to test that a run survives them (docs/faults.md); off by default. Each
+    rate is a probability per call, drawn from ``seed``, so a run injects the same faults every time."""
+
+    seed: int = Field(0, ge=0, le=SEED_MAX)
+    """Seed of the draws (with the step, task and call they are for)."""
+    workflow_raise: float = Field(0.0, ge=0, le=1)
+    """A workflow run (each attempt of a task) raises before it starts."""
+    workflow_hang: float = Field(0.0, ge=0, le=1)
+    """A workflow run hangs (hang_s), so that explorer.workflow_timeout_s stops it."""
+    env_raise: float = Field(0.0, ge=0, le=1)
+    """An environment's reset or step raises (multi-turn workflows)."""
+    env_hang: float = Field(0.0, ge=0, le=1)
+    """An environment's reset or step hangs (hang_s), so that workflow_args.env_timeout_s stops it."""
+    reward_raise: float = Field(0.0, ge=0, le=1)
+    """A reward function call raises."""
+    hang_s: float = Field(0.0, ge=0, le=SECONDS_MAX)
+    """How long an injected hang lasts; 0 = 1.5 x the timeout that should stop it."""
+    in_eval: bool = False
+    """Inject into evaluation too (off: eval task sets measure the model, not the faults)."""
 
 
 class AuxiliaryModelConfig(StrictModel):
@@ -575,6 +600,8 @@ class TriviumConfig(StrictModel):
     """What mode bench evaluates."""
     serve: ServeConfig = Field(default_factory=ServeConfig)
     """The endpoint of mode serve."""
+    faults: FaultsConfig = Field(default_factory=FaultsConfig)
+    """Fault injection for robustness tests (off)."""
     stages: list[dict[str, Any]] = Field(default_factory=list)
     """Stages run in order, each from the previous stage's final weights. Each entry has a 'name' and
     any top-level sections to override (mode, buffer, algorithm, trainer, ...)."""

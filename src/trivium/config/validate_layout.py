@@ -17,6 +17,7 @@ def check_layout(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
     problems += _check_strategy(cfg, at)
     problems += _check_lora_targets(cfg, at, check_files)
     problems += _check_cluster(cfg, at)
+    problems += _check_faults(cfg, at)
     return problems
 
 
@@ -294,3 +295,43 @@ def preset_or_none(cfg: TriviumConfig):
 
     name = cfg.algorithm.algorithm_type
     return None if PRESETS.problem(name) else PRESETS.get(name)
+
+
+def _check_faults(cfg: TriviumConfig, at) -> list[Problem]:
+    """Injected faults: raise + hang rates of a site make one probability; a hang must have an end."""
+    f, out = cfg.faults, []
+    for site in ("workflow", "env"):
+        total = getattr(f, f"{site}_raise") + getattr(f, f"{site}_hang")
+        if total > 1:
+            out.append(
+                Problem(
+                    at(f"faults.{site}_hang"),
+                    getattr(f, f"{site}_hang"),
+                    f"faults.{site}_raise + faults.{site}_hang = {total:g}: one call raises or hangs, with "
+                    "probabilities that add up to at most 1",
+                    "lower one of them",
+                )
+            )
+    if f.workflow_hang > 0 and f.hang_s == 0 and cfg.explorer.workflow_timeout_s == 0:
+        out.append(
+            Problem(
+                at("faults.workflow_hang"),
+                f.workflow_hang,
+                "an injected workflow hang lasts 1.5 x explorer.workflow_timeout_s, which is 0 (no limit): it "
+                "would never end",
+                "set explorer.workflow_timeout_s (the limit that should stop a hung workflow) or faults.hang_s",
+            )
+        )
+    tasksets = [cfg.buffer.taskset] if cfg.buffer.taskset is not None else []
+    no_limit = [t for t in tasksets if t.workflow_args.get("env_timeout_s", None) == 0]
+    if f.env_hang > 0 and f.hang_s == 0 and no_limit:
+        out.append(
+            Problem(
+                at("faults.env_hang"),
+                f.env_hang,
+                "an injected environment hang lasts 1.5 x workflow_args.env_timeout_s, which is 0 (no limit) in "
+                "buffer.taskset: it would never end",
+                "set workflow_args.env_timeout_s or faults.hang_s",
+            )
+        )
+    return out

@@ -11,8 +11,9 @@ action mask False. A plain string is one user message.
 Rewards: ``StepResult.reward`` is the reward of that step. Environments with only a final reward return 0
 until the last step. The episode return is the sum over steps.
 
-Robustness: workflows call ``step`` with a timeout (``env_timeout_s``); an environment that raises or hangs
-fails that episode only, recorded with the task id and the reason.
+Robustness: workflows call ``reset`` and ``step`` with a timeout (``env_timeout_s``); an environment that
+raises or hangs fails that episode only, recorded with the task id and the reason. A call that overruns
+is told to stop and ``close()`` is called at once (``envs/calls.py`` says what Python cannot interrupt).
 """
 
 from __future__ import annotations
@@ -68,7 +69,9 @@ class Environment(ABC):
         """Apply the model's turn (its text) and report what happened."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
-        """Release resources (processes, files); called once the episode ends, also after errors."""
+        """Release resources (processes, files); called once the episode ends, also after errors, and right
+        after a ``reset`` or ``step`` that overran ``env_timeout_s`` (while it may still run in its thread):
+        kill the process or close the socket such a call waits on, so that it ends too."""
 
     #: Tools the model may call (OpenAI ``tools`` schema entries); rendered by the chat template.
     def tool_schemas(self) -> list[dict[str, Any]]:

@@ -6,19 +6,30 @@ stamps what a workflow cannot know: the group id (one per task per step), the mo
 step. A workflow that raises fails its task only; the failure is counted and logged with the task id.
 Robustness knobs: ``max_retries`` re-runs a failed task (a fresh workflow and environments) up to that many
 more times; ``workflow_timeout_s`` stops a run at its next model call once it is over time (environment
-steps have their own timeout, see workflows/multi_turn.py). Every failure, of a task or of one episode
-inside it, goes to ``failure_sink`` (the run folder's ``failures.jsonl``) with task id, run and reason.
+steps have their own timeout, see envs/calls.py). Every failure, of a task or of one episode inside it,
+goes to ``failure_sink`` (the run folder's ``failures.jsonl``) with task id, run and reason.
+
+Fault injection (``faults``, a ``trivium.faults.FaultInjector``; off unless the config's ``faults``
+section sets a rate): each attempt of a task runs in a fault scope keyed by its step, place, task id and
+attempt; the workflow site is here, before the workflow runs. Injected failures take the path of real ones;
+their records list what was injected (``injected``), and ``faults/*`` counts them per step.
+``in_flight()`` says which tasks run now and for how long (the stall doctor reads it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from trivium import faults as fault_sites
+from trivium.envs.calls import hung_calls
+from trivium.faults import FaultInjector
 from trivium.models.handle import ModelHandle, WorkflowTimeoutError
 from trivium.models.protocol import SamplingParams
 from trivium.types import Experience, Task
@@ -53,6 +64,7 @@ class Explorer:
         max_retries: int = 0,
         workflow_timeout_s: float = 0.0,
         failure_sink: Callable[[dict], None] | None = None,
+        faults: FaultInjector | None = None,
     ):
         self.model = model
         self.rollout_params = rollout_params
@@ -69,7 +81,10 @@ class Explorer:
         self.failure_sink = failure_sink  # gets one dict per failure (task id, run, attempt, reason)
         self.next_group_id = 0
         self.failed_tasks = 0
+        self.faults = faults
         self._phase = "explore"  # written into failure records: "explore:<step>" or "eval"
+        self._in_flight: dict[int, tuple[str, float]] = {}  # thread id -> (task id, monotonic start)
+        self._in_flight_lock = threading.Lock()
 
     def state_dict(self) -> dict:
         """Task-set position, group-id counter and the engine's sampling RNG (for exact resume)."""
@@ -147,6 +162,11 @@ class Explorer:
                 **self.model.metrics(),
             }
         )
+        if self.faults is not None:
+            metrics.update(self.faults.take_counts())
+        hung = len(hung_calls())
+        if hung:
+            metrics["rollout/hung_env_calls"] = float(hung)  # overran env calls still running (envs/calls.py)
         if self.dynamic_sampling:
             metrics["rollout/dropped_groups"] = float(dropped)
             metrics["rollout/sampling_rounds"] = float(rounds + 1)
@@ -172,20 +192,37 @@ class Explorer:
             metrics.update(at_k(results, self.eval_params.n, prefix))
             metrics[f"{prefix}/failed_tasks"] = float(sum(r.error is not None for r in results))
             metrics[f"{prefix}/seconds"] = time.perf_counter() - t0
+            if self.faults is not None and self.faults.rates.in_eval:
+                metrics.update(self.faults.take_counts(f"{prefix}/faults"))
         return metrics
+
+    def in_flight(self) -> list[tuple[str, float]]:
+        """``(task id, seconds running)`` of every task whose workflow runs now, longest first."""
+        now = time.monotonic()
+        with self._in_flight_lock:
+            running = list(self._in_flight.values())
+        return sorted(((task_id, now - start) for task_id, start in running), key=lambda x: -x[1])
 
     def _record_failure(self, task: Task, run_index: int | None, attempt: int, reason: str) -> None:
         if self.failure_sink is not None:
-            self.failure_sink(
-                {
-                    "when": self._phase,
-                    "task_id": task.task_id,
-                    "workflow": task.workflow,
-                    "run_index": run_index,  # None: the whole task failed
-                    "attempt": attempt,
-                    "reason": reason,
-                }
-            )
+            record = {
+                "when": self._phase,
+                "task_id": task.task_id,
+                "workflow": task.workflow,
+                "run_index": run_index,  # None: the whole task failed
+                "attempt": attempt,
+                "reason": reason,
+            }
+            injected = fault_sites.current_injected()
+            if injected:
+                record["injected"] = injected  # faults injected into this attempt (trivium.faults)
+            self.failure_sink(record)
+
+    def _fault_scope(self, task: Task, order: int, attempt: int):
+        """The scope in which faults may be injected into this attempt (a no-op context when off)."""
+        if self.faults is None or (self._phase == "eval" and not self.faults.rates.in_eval):
+            return contextlib.nullcontext()
+        return self.faults.scope(f"{self._phase}|{order}|{task.task_id}|{attempt}")
 
     def run_tasks(
         self, tasks: Sequence[Task], params: SamplingParams, use_repeat_times: bool
@@ -199,27 +236,29 @@ class Explorer:
             order, task = item
             n = task.repeat_times if use_repeat_times else params.n
             timeout = self.workflow_timeout_s
-            with self.model.worker():
+            with self.model.worker(), self._running(task):
                 deadline = time.monotonic() + timeout if timeout else None
                 attempt = 0
                 while True:  # a timed-out run or the last attempt returns its failure
                     handle = ModelHandle(self.model, dataclasses.replace(params, n=n), order, deadline)
-                    try:
-                        workflow = get_workflow(task.workflow)(**dict(task.workflow_args))
-                        experiences = workflow.run(task, handle)
-                    except Exception as exc:  # one task fails, the step goes on
-                        log.warning(
-                            "task %s failed in workflow '%s' (attempt %d of %d): %r",
-                            task.task_id, task.workflow, attempt + 1, self.max_retries + 1, exc,
-                        )  # fmt: skip
-                        self._record_failure(task, None, attempt, repr(exc))
-                        if isinstance(exc, WorkflowTimeoutError) or attempt == self.max_retries:
-                            return TaskResult(task, [], exc, retries=attempt)
-                        attempt += 1
-                        continue
-                    runs = list(getattr(workflow, "failed_runs", ()))
-                    for run, reason in runs:
-                        self._record_failure(task, run, attempt, reason)
+                    with self._fault_scope(task, order, attempt):
+                        try:
+                            fault_sites.at("workflow", task.workflow, limit_s=timeout)
+                            workflow = get_workflow(task.workflow)(**dict(task.workflow_args))
+                            experiences = workflow.run(task, handle)
+                        except Exception as exc:  # one task fails, the step goes on
+                            log.warning(
+                                "task %s failed in workflow '%s' (attempt %d of %d): %r",
+                                task.task_id, task.workflow, attempt + 1, self.max_retries + 1, exc,
+                            )  # fmt: skip
+                            self._record_failure(task, None, attempt, repr(exc))
+                            if isinstance(exc, WorkflowTimeoutError) or attempt == self.max_retries:
+                                return TaskResult(task, [], exc, retries=attempt)
+                            attempt += 1
+                            continue
+                        runs = list(getattr(workflow, "failed_runs", ()))
+                        for run, reason in runs:
+                            self._record_failure(task, run, attempt, reason)
                     return TaskResult(task, experiences, failed_runs=len(runs), retries=attempt)
 
         # Announcing the workers up front makes each engine batch hold the same requests whatever the
@@ -240,6 +279,17 @@ class Explorer:
                 f"every task of the batch failed; first: task {failures[0].task.task_id}: {failures[0].error!r}"
             ) from failures[0].error
         return results
+
+    @contextlib.contextmanager
+    def _running(self, task: Task):
+        key = threading.get_ident()
+        with self._in_flight_lock:
+            self._in_flight[key] = (task.task_id, time.monotonic())
+        try:
+            yield
+        finally:
+            with self._in_flight_lock:
+                self._in_flight.pop(key, None)
 
 
 def at_k(results: Sequence[TaskResult], k: int, prefix: str) -> dict[str, float]:

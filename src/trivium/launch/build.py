@@ -320,7 +320,9 @@ def make_explorer(cfg: TriviumConfig, state, taskset=None, queue=None, failure_l
 
     ``failure_log``: a JSONL file that gets one line per failed task or episode."""
     from trivium.explorer.explorer import Explorer
+    from trivium.faults import FaultInjector, FaultRates
 
+    rates = FaultRates.from_config(cfg.faults)
     rollout_params, eval_params = sampling_params(cfg)
     model = build_rollout_model(state.model, state.tokenizer, cfg, state.version)
     evals = [task_reader(ts, cfg.seed, is_eval=True) for ts in cfg.buffer.eval_tasksets]
@@ -338,6 +340,7 @@ def make_explorer(cfg: TriviumConfig, state, taskset=None, queue=None, failure_l
         max_retries=cfg.explorer.max_retries,
         workflow_timeout_s=cfg.explorer.workflow_timeout_s,
         failure_sink=None if failure_log is None else jsonl_appender(failure_log),
+        faults=None if rates is None else FaultInjector(rates),
     )
 
 

@@ -8,6 +8,7 @@ checkpoints (``bench.py``). A run folder that already holds a run is continued f
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -19,6 +20,7 @@ import yaml
 
 from trivium.config.load import RunConfig, Stage
 from trivium.launch import build, stages
+from trivium.launch.doctor import stall_doctor
 from trivium.launch.loop import RunState
 from trivium.launch.resume import find_resume_point
 from trivium.launch.runtime import apply_threads
@@ -87,7 +89,10 @@ def run(run_cfg: RunConfig, overwrite: bool = False, resume: bool = True) -> Pat
         for i, stage in enumerate(run_cfg.stages):
             if point is not None and i < point.stage_index:
                 continue  # finished before the checkpoint we resume from
-            run_stage(stage, run_dir, writer, state)
+            # reports a stall (no step record for monitor.stall_timeout_s) with every thread's stack
+            doctor = stall_doctor(stage.config, run_dir, writer.path, role=writer.role)
+            with doctor or contextlib.nullcontext():
+                run_stage(stage, run_dir, writer, state)
             if cluster is not None:
                 cluster.kill("engine")  # a stage's rollout engines end with it
     finally:

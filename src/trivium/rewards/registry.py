@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from trivium import faults
 from trivium.registry import Registry, callable_part
 
 __all__ = ["REWARD_FNS", "RewardFn", "RewardResult", "as_result", "get_reward_fn", "register_reward"]
@@ -38,6 +39,7 @@ def get_reward_fn(name: str) -> Callable[[str, Mapping[str, Any]], RewardResult]
     fn = REWARD_FNS.get(name)
 
     def reward(response: str, data: Mapping[str, Any]) -> RewardResult:
+        faults.at("reward", name)  # the fault-injection switch (trivium.faults); nothing when off
         return as_result(fn(response, data), name)
 
     reward.__wrapped__ = fn  # type: ignore[attr-defined]

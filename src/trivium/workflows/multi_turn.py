@@ -14,7 +14,8 @@ Two ways to turn an episode into experiences (both token-in, token-out through `
 The ``repeat_times`` episodes of a task step together: each round samples one turn for every live
 episode in a single model call, then steps every environment.
 
-Failures: environments are stepped in a helper thread with a timeout (``env_timeout_s``); an environment
+Failures: environments are stepped in a helper thread with a timeout (``env_timeout_s``, see
+``envs/calls.py``: an overrunning call is told to stop, then the environment is closed); an environment
 that raises or hangs fails its own episode (dropped, logged with task id, run and reason, and listed in
 ``failed_runs`` for the explorer to record); the other episodes of the task go on. Only when every episode
 fails does the task fail. ``max_turns`` bounds an episode; an episode that would outgrow the model's
@@ -29,13 +30,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 
 from trivium.envs.base import Environment, StepResult, as_messages, get_env_class
+from trivium.envs.calls import EnvTimeoutError, call_with_timeout
 from trivium.models.chat import TemplateError
 from trivium.models.handle import ModelHandle
 from trivium.models.transcript import Transcript, check_template
@@ -46,35 +48,6 @@ from trivium.workflows.registry import register_workflow
 log = logging.getLogger(__name__)
 
 __all__ = ["EnvTimeoutError", "MultiTurnWorkflow", "ReActWorkflow", "StepWiseWorkflow", "call_with_timeout"]
-
-
-class EnvTimeoutError(TimeoutError):
-    pass
-
-
-def call_with_timeout(fn: Callable[..., Any], *args: Any, timeout_s: float | None, what: str) -> Any:
-    """``fn(*args)`` in a daemon thread; raises ``EnvTimeoutError`` after ``timeout_s`` (None: no limit).
-
-    A hung call cannot be killed from Python: its thread is abandoned (daemon), the episode fails.
-    """
-    if not timeout_s:
-        return fn(*args)
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = fn(*args)
-        except BaseException as exc:  # re-raised in the caller
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, name=f"env-{what}", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
-        raise EnvTimeoutError(f"{what} did not return within env_timeout_s={timeout_s} s")
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
 
 
 _TEMPLATE_CHECKS: dict[int, Any] = {}  # id(tokenizer) -> TemplateReport
@@ -172,7 +145,11 @@ class MultiTurnWorkflow(Workflow):
         episode = Episode(run_index, self.make_env())
         try:
             opening = call_with_timeout(
-                episode.env.reset, task, timeout_s=self.env_timeout_s, what=f"{self.env_name}.reset"
+                episode.env.reset,
+                task,
+                timeout_s=self.env_timeout_s,
+                what=f"{self.env_name}.reset",
+                fault_site="env",
             )
             episode.transcript = Transcript(
                 model.tokenizer,
@@ -189,7 +166,11 @@ class MultiTurnWorkflow(Workflow):
     def _step(self, task: Task, e: Episode, action: str) -> None:
         try:
             result = call_with_timeout(
-                e.env.step, action, timeout_s=self.env_timeout_s, what=f"{self.env_name}.step"
+                e.env.step,
+                action,
+                timeout_s=self.env_timeout_s,
+                what=f"{self.env_name}.step",
+                fault_site="env",
             )
             if not isinstance(result, StepResult):
                 raise TypeError(
