@@ -37,7 +37,7 @@ def test_every_command_and_option_has_a_help_text():
     ("argv", "named"),
     [
         (["run", "--config", "no/such.yaml"], "check the path after --config (-c)"),
-        (["check-config", "no/such.yaml"], "check the path (the FILE of trivium check-config FILE)"),
+        (["check-config", "no/such.yaml"], "check the FILE argument of trivium check-config FILE"),
     ],
 )
 def test_a_missing_config_file_is_named_as_the_command_takes_it(argv, named, capsys, tmp_path, monkeypatch):
@@ -45,3 +45,7 @@ def test_a_missing_config_file_is_named_as_the_command_takes_it(argv, named, cap
     assert cli(argv) == 2
     err = capsys.readouterr().err
     assert "config file not found" in err and named in err
+    (tmp_path / "no").mkdir()
+    assert cli([w.replace("no/such.yaml", "no") for w in argv]) == 2
+    err = capsys.readouterr().err
+    assert "a folder, not a config file" in err and named.removeprefix("check ") in err

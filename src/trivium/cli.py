@@ -134,7 +134,7 @@ def _cmd_run(args) -> int:
     from trivium.config import ConfigError, load_config
 
     try:
-        run_cfg = load_config(args.config, args.overrides, given_as="after --config (-c)")
+        run_cfg = load_config(args.config, args.overrides, given_as="the path after --config (-c)")
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
@@ -166,7 +166,10 @@ def _cmd_check(args) -> int:
 
     try:  # every problem at once: fields, checks across fields, and the rows of every data file
         run_cfg = load_config(
-            args.config, args.overrides, read_data=True, given_as="(the FILE of trivium check-config FILE)"
+            args.config,
+            args.overrides,
+            read_data=True,
+            given_as="the FILE argument of trivium check-config FILE",
         )
     except ConfigError as exc:
         print(exc, file=sys.stderr)

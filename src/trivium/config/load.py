@@ -158,12 +158,12 @@ def load_config(
     check_files: bool = True,
     *,
     read_data: bool = False,
-    given_as: str = "after --config",
+    given_as: str = "the path after --config",
 ) -> RunConfig:
     """Load, override, expand stages and validate. Raises one ``ConfigError`` listing every problem.
 
     ``read_data``: read every data file's rows too (``trivium check-config``); ``given_as``: where the user
-    typed the path, for the message when no file is there (e.g. "after --config").
+    typed the path, for the message when no file is there (e.g. "the path after --config").
     """
     _check_config_file(path, given_as)
     overrides = overrides or []
@@ -180,15 +180,20 @@ def load_config(
 
 
 def _check_config_file(path: str | Path, given_as: str) -> None:
-    """A missing config file, named with where the user gave it (``load_yaml`` checks the rest)."""
+    """A missing config file or a folder, named with where the user gave it (``load_yaml`` checks the
+    rest)."""
+    where = shown(str(path))
     try:
+        folder = os.path.isdir(path)
         os.stat(path)
     except (FileNotFoundError, NotADirectoryError):
-        where = shown(str(path))
-        fix = f"check the path {given_as}" + ("" if Path(path).suffix else " (a config is a .yaml file)")
+        fix = f"check {given_as}" + ("" if Path(path).suffix else " (a config is a .yaml file)")
         raise ConfigError([Problem("", where, "config file not found", fix)], where) from None
     except (OSError, ValueError):
         return  # a path no file system accepts: load_yaml names why
+    if folder:
+        fix = f"make {given_as} the YAML file, not its folder"
+        raise ConfigError([Problem("", where, "this is a folder, not a config file", fix)], where)
 
 
 def validate_raw(
