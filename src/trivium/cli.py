@@ -1,6 +1,7 @@
 """The ``trivium`` command line: run | check-config | convert | make-tiny | plot | check-template.
 
-Heavy imports (torch, transformers) happen inside the commands, so ``trivium --help`` is instant.
+Heavy imports (torch, transformers) happen inside the commands, so ``trivium --help`` is instant. Every
+option has a help text (tests/test_cli_basics.py checks it).
 """
 
 from __future__ import annotations
@@ -11,19 +12,23 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "httpx2", "httpcore", "openai"):  # one INFO line per HTTP request otherwise
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    return args.func(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from trivium import __version__
+
     parser = argparse.ArgumentParser(prog="trivium", description="Reinforcement fine-tuning of LLMs.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"trivium {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("run", help="run a config (all its stages)")
     p.add_argument("--config", "-c", required=True, help="YAML config file")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a field, e.g. --set trainer.lr=1e-5 (repeatable)",
-    )
+    _add_set(p)
     p.add_argument("--overwrite", action="store_true", help="delete an existing run folder of the same name")
     p.add_argument(
         "--no-resume",
@@ -35,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("check-config", help="validate a config and print it resolved, or list its problems")
     p.add_argument("config", help="YAML config file")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    _add_set(p)
     p.set_defaults(func=_cmd_check)
 
     p = sub.add_parser(
@@ -48,14 +53,16 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="JSON/JSONL files whose text trains the tokenizer (default: generated word problems)",
     )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--hidden-size", type=int, default=128)
-    p.add_argument("--num-layers", type=int, default=4)
-    p.add_argument("--num-heads", type=int, default=4)
-    p.add_argument("--num-kv-heads", type=int, default=2)
-    p.add_argument("--intermediate-size", type=int, default=512)
-    p.add_argument("--vocab-size", type=int, default=384)
-    p.add_argument("--architecture", choices=["qwen2", "llama"], default="qwen2")
+    p.add_argument("--seed", type=int, default=0, help="seed of the corpus and the initial weights (0)")
+    p.add_argument("--hidden-size", type=int, default=128, help="model width (128)")
+    p.add_argument("--num-layers", type=int, default=4, help="transformer layers (4)")
+    p.add_argument("--num-heads", type=int, default=4, help="attention heads; must divide the width (4)")
+    p.add_argument("--num-kv-heads", type=int, default=2, help="key/value heads; must divide --num-heads (2)")
+    p.add_argument("--intermediate-size", type=int, default=512, help="MLP width (512)")
+    p.add_argument("--vocab-size", type=int, default=384, help="BPE vocabulary size of the tokenizer (384)")
+    p.add_argument(
+        "--architecture", choices=["qwen2", "llama"], default="qwen2", help="model architecture (qwen2)"
+    )
     p.set_defaults(func=_cmd_make_tiny)
 
     p = sub.add_parser("plot", help="draw reward, eval accuracy and loss of a run into a PNG")
@@ -108,18 +115,26 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.set_defaults(func=_cmd_check_template)
 
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("httpx", "httpx2", "httpcore", "openai"):  # one INFO line per HTTP request otherwise
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    return args.func(args)
+    return parser
+
+
+def _add_set(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a field of the config, e.g. --set trainer.lr=1e-5; a stage's field: --set "
+        "stages.1.trainer.lr=1e-5 (a stage's own value wins over the top level's); repeatable",
+    )
 
 
 def _cmd_run(args) -> int:
     from trivium.config import ConfigError, load_config
 
     try:
-        run_cfg = load_config(args.config, args.overrides)
+        run_cfg = load_config(args.config, args.overrides, given_as="the path after --config (-c)")
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
@@ -149,17 +164,14 @@ def _cmd_check(args) -> int:
     import yaml
 
     from trivium.config import ConfigError, load_config
-    from trivium.config.input_checks import check_data_files
 
-    try:
-        run_cfg = load_config(args.config, args.overrides)
-        data = [
-            p
-            for i, stage in enumerate(run_cfg.stages)
-            for p in check_data_files(stage.config, f"stages[{i}]" if run_cfg.config.stages else "")
-        ]
-        if data:
-            raise ConfigError(data, args.config)
+    try:  # every problem at once: fields, checks across fields, and the rows of every data file
+        run_cfg = load_config(
+            args.config,
+            args.overrides,
+            read_data=True,
+            given_as="the FILE argument of trivium check-config FILE",
+        )
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2

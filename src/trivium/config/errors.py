@@ -30,11 +30,13 @@ class Problem:
 
 
 class ConfigError(ValueError):
-    def __init__(self, problems: Sequence[Problem], source: str = "config"):
+    """Every problem of one config; ``note`` (optional) qualifies the list, e.g. which defaults were used."""
+
+    def __init__(self, problems: Sequence[Problem], source: str = "config", note: str = ""):
         self.problems = list(problems)
         self.source = source
         n = len(self.problems)
-        header = f"{source}: {n} problem{'s' if n != 1 else ''} found"
+        header = f"{source}: {n} problem{'s' if n != 1 else ''} found" + (f" ({note})" if note else "")
         super().__init__("\n".join([header, *(p.render() for p in self.problems)]))
 
 

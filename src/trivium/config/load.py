@@ -12,11 +12,20 @@ Design decisions (a config may come from anywhere; every bad one is a ``ConfigEr
 - Paths no file system accepts are refused before anything resolves them (``input_checks.check_paths``).
 - A check that crashes on a value (a bug in a check, or a part reference it cannot import) becomes a
   problem naming the stage and the exception, so ``check-config`` still lists everything else.
+- Schema problems do not hide the rest: the fields that break the schema are reported, then dropped (their
+  defaults apply) and the config validated again, so the checks across fields (``validate.py``) run on
+  everything else and one report holds both kinds (``_validate_model``). Their problems at a dropped
+  field are left out; the report's header names the dropped fields, since a check may have used a default.
+- Stage modes: the top-level ``mode`` is the default of the stages that set none; a stage's own ``mode``
+  wins. ``--set mode=X`` on a config whose stages set their own is refused, naming each stage and the
+  ``--set stages.N.mode=X`` that reaches it; a decoupled process (mode explore or serve, or train reading
+  ``buffer.storage``) runs a config of one stage (``_stage_mode_problems``).
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import types
 import typing
 from dataclasses import dataclass
@@ -32,6 +41,10 @@ from trivium.config.schema import TriviumConfig
 
 # Top-level keys that a stage may not change: they name the run folder shared by all stages.
 RUN_LEVEL_KEYS = ("project", "name", "checkpoint_root", "stages", "plugins", "runtime", "cluster")
+# Rounds of dropping the fields that break the schema (each round drops at least one; configs need 1-2).
+MAX_REPAIRS = 8
+# A schema problem under these keys stops validation there: stages and plugins shape everything after them.
+NO_REPAIR_KEYS = ("stages", "plugins")
 
 
 @dataclass(frozen=True)
@@ -139,22 +152,90 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
     return out
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None, check_files: bool = True) -> RunConfig:
-    """Load, override, expand stages and validate. Raises one ``ConfigError`` listing every problem."""
-    raw = apply_overrides(load_yaml(path), overrides or [])
-    return validate_raw(raw, base_dir=Path(path).resolve().parent, source=str(path), check_files=check_files)
+def load_config(
+    path: str | Path,
+    overrides: list[str] | None = None,
+    check_files: bool = True,
+    *,
+    read_data: bool = False,
+    given_as: str = "the path after --config",
+) -> RunConfig:
+    """Load, override, expand stages and validate. Raises one ``ConfigError`` listing every problem.
+
+    ``read_data``: read every data file's rows too (``trivium check-config``); ``given_as``: where the user
+    typed the path, for the message when no file is there (e.g. "the path after --config").
+    """
+    _check_config_file(path, given_as)
+    overrides = overrides or []
+    raw = apply_overrides(load_yaml(path), overrides)
+    mode_set = any(item.partition("=")[0].strip() == "mode" for item in overrides)
+    return validate_raw(
+        raw,
+        base_dir=Path(path).resolve().parent,
+        source=str(path),
+        check_files=check_files,
+        read_data=read_data,
+        mode_set=mode_set,
+    )
+
+
+def _check_config_file(path: str | Path, given_as: str) -> None:
+    """A missing config file or a folder, named with where the user gave it (``load_yaml`` checks the
+    rest)."""
+    where = shown(str(path))
+    try:
+        folder = os.path.isdir(path)
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        fix = f"check {given_as}" + ("" if Path(path).suffix else " (a config is a .yaml file)")
+        raise ConfigError([Problem("", where, "config file not found", fix)], where) from None
+    except (OSError, ValueError):
+        return  # a path no file system accepts: load_yaml names why
+    if folder:
+        fix = f"make {given_as} the YAML file, not its folder"
+        raise ConfigError([Problem("", where, "this is a folder, not a config file", fix)], where)
 
 
 def validate_raw(
-    raw: dict[str, Any], base_dir: Path, source: str = "config", check_files: bool = True
+    raw: dict[str, Any],
+    base_dir: Path,
+    source: str = "config",
+    check_files: bool = True,
+    *,
+    read_data: bool = False,
+    mode_set: bool = False,
 ) -> RunConfig:
+    """Validate a loaded config (``mode_set``: ``mode`` came from ``--set``, for the stage-mode check)."""
+    from trivium.config.input_checks import check_data_files
+
+    problems: list[Problem] = []
+    dropped: list[str] = []  # fields that broke the schema and were checked at their defaults
+    top = _validate_model(raw, (), problems, dropped)
+    if top is None:
+        raise ConfigError(problems, source)
+    built = _build_stages(raw, top, base_dir, check_files, problems, dropped)
+    problems[:0] = _stage_mode_problems(raw, top, built, mode_set)  # first: they explain others
+    if read_data:  # a file with a problem already (e.g. not found) is not read again
+        known = {p.path for p in problems}
+        for _, prefix, stage in built:
+            problems += [p for p in check_data_files(stage.config, prefix) if p.path not in known]
+    if problems:
+        raise ConfigError(_dedupe(problems), source, note=_dropped_note(dropped))
+    return RunConfig(config=top, stages=tuple(s for _, _, s in built), source=source)
+
+
+def _build_stages(
+    raw: dict[str, Any],
+    top: TriviumConfig,
+    base_dir: Path,
+    check_files: bool,
+    problems: list[Problem],
+    dropped: list[str],
+) -> list[tuple[int, str, Stage]]:
+    """Every stage's complete config (index, path prefix, stage); their problems go to ``problems``."""
     from trivium.config.input_checks import check_paths
     from trivium.config.validate import resolve_paths
 
-    problems: list[Problem] = []
-    top = _validate_model(raw, (), problems)
-    if top is None:
-        raise ConfigError(problems, source)
     problems += load_plugins(top.plugins, base_dir)
     stage_raws: list[tuple[str, str | int, dict[str, Any]]] = []
     if not top.stages:
@@ -184,9 +265,11 @@ def validate_raw(
     for n in {n for n in names if names.count(n) > 1}:
         problems.append(Problem("stages", n, "stage names must be unique", "rename one of them"))
 
-    stages = []
-    for name, prefix, body in stage_raws:
-        cfg = _validate_model(body, (prefix,) if prefix else (), problems)
+    built = []
+    for i, (name, prefix, body) in enumerate(stage_raws):
+        stage_dropped: list[str] = []
+        cfg = _validate_model(body, (prefix,) if prefix else (), problems, stage_dropped)
+        dropped += stage_dropped
         if cfg is None:
             continue
         unusable = check_paths(cfg, prefix=str(prefix))
@@ -194,11 +277,71 @@ def validate_raw(
             problems.extend(unusable)
             continue
         cfg = resolve_paths(cfg.model_copy(update={"stages": []}), base_dir)
-        problems.extend(_checked(cfg, str(prefix), check_files))
-        stages.append(Stage(name, cfg))
-    if problems:
-        raise ConfigError(_dedupe(problems), source)
-    return RunConfig(config=top, stages=tuple(stages), source=source)
+        problems.extend(
+            p for p in _checked(cfg, str(prefix), check_files) if not _related(p.path, stage_dropped)
+        )
+        built.append((i, str(prefix), Stage(name, cfg)))
+    return built
+
+
+def _stage_mode_problems(
+    raw: dict[str, Any], top: TriviumConfig, built: list[tuple[int, str, Stage]], mode_set: bool
+) -> list[Problem]:
+    """A stage's own ``mode`` wins over the top-level one. Refused: ``--set mode=X`` that some stages
+    ignore (each named, with the ``--set`` that reaches it), and a decoupled process among several stages
+    (both processes would run every other stage too)."""
+    several = len(top.stages) > 1
+    alone = (
+        "run that stage alone, from a config of its own whose model.path is the previous stage's final "
+        "checkpoint (as examples/decoupled/grpo.yaml does for the quickstart's grpo stage)"
+    )
+    out = []
+    if mode_set and top.stages:
+        wanted = raw.get("mode")
+        for i, stage in enumerate(top.stages):
+            own = stage.get("mode")
+            if "mode" not in stage or own == wanted:
+                continue
+            fix = f"--set stages.{i}.mode={wanted} changes this stage's mode"
+            if several and wanted in DECOUPLED_MODES:
+                fix = f"a decoupled run (mode explore + mode train) is one stage in two processes: {alone}"
+            out.append(
+                Problem(
+                    f"stages[{i}].mode",
+                    own,
+                    f"stage '{stage.get('name')}' sets its own mode, which wins over the top-level mode "
+                    f"that --set mode={wanted} changes (the top level is the default of stages that set none)",
+                    fix,
+                )
+            )
+    if out or not several:
+        return out
+    top_buffer = raw.get("buffer")
+    shared_storage = isinstance(top_buffer, dict) and "storage" in top_buffer
+    for _, prefix, stage in built:
+        if not is_decoupled(stage.config):
+            continue
+        how = f"mode {stage.config.mode}"
+        if stage.config.mode == "train":
+            how += " reading buffer.storage" + (", which the top level sets for every stage" * shared_storage)
+        out.append(
+            Problem(
+                f"{prefix}.mode",
+                stage.config.mode,
+                f"stage '{stage.name}' is one process of a decoupled run ({how}), but the config has other "
+                "stages, which each process would run too",
+                alone,
+            )
+        )
+    return out
+
+
+DECOUPLED_MODES = ("explore", "train", "serve")
+
+
+def is_decoupled(cfg: TriviumConfig) -> bool:
+    """Whether a stage is one process of a decoupled run: it shares its run folder with another process."""
+    return cfg.mode in ("explore", "serve") or (cfg.mode == "train" and cfg.buffer.storage is not None)
 
 
 def load_plugins(modules: list[str], base_dir: Path) -> list[Problem]:
@@ -234,21 +377,86 @@ def _checked(cfg: TriviumConfig, prefix: str, check_files: bool) -> list[Problem
         ]
 
 
-def _validate_model(raw: dict[str, Any], prefix: tuple, problems: list[Problem]) -> TriviumConfig | None:
-    try:
-        return TriviumConfig.model_validate(raw)
-    except ValidationError as exc:
-        for err in exc.errors():
-            problems.append(_problem_from_pydantic(err, prefix))
-        return None
+def _validate_model(
+    raw: dict[str, Any], prefix: tuple, problems: list[Problem], dropped: list[str]
+) -> TriviumConfig | None:
+    """``raw`` as a ``TriviumConfig``. Schema problems go to ``problems``; then the fields at fault are
+    dropped (their defaults apply; a field inside a list drops the list) and the rest is validated again,
+    so that the checks across fields can run on everything else. ``dropped`` receives the dropped paths.
+    None when the config cannot be repaired (its stages or plugins are malformed, or nothing is left to
+    drop). Problems of a later round at a dropped field (e.g. 'missing') are artefacts and left out."""
+    raw = copy.deepcopy(raw)
+    for attempt in range(MAX_REPAIRS):
+        try:
+            return TriviumConfig.model_validate(raw)
+        except ValidationError as exc:
+            errors = exc.errors()
+        locs = []
+        for err in errors:
+            loc = tuple(err["loc"])
+            path = _loc_path(prefix, loc)
+            if attempt == 0 or (err["type"] != "missing" and not _related(path, dropped)):
+                problems.append(_problem_from_pydantic(err, prefix))
+            locs.append(_repair_target(loc, missing=err["type"] == "missing"))
+        if any(not loc or str(loc[0]) in NO_REPAIR_KEYS for loc in locs):
+            return None
+        removed = [loc for loc in set(locs) if _drop(raw, loc)]
+        if not removed:
+            return None
+        dropped += [_loc_path(prefix, loc) for loc in removed]
+    return None
+
+
+def _repair_target(loc: tuple, missing: bool) -> tuple:
+    """What to drop for an error at ``loc``: the field; for a missing field its parent; for anything inside
+    a list the whole list (dropping one item would shift the positions the other problems name)."""
+    if missing:
+        loc = loc[:-1]
+    for i, part in enumerate(loc):
+        if isinstance(part, int):
+            return loc[:i]
+    return loc
+
+
+def _drop(raw: dict[str, Any], loc: tuple) -> bool:
+    """Delete the key at ``loc`` (the deepest one that exists on its way: pydantic's locations may name a
+    union member that the YAML does not have); whether something was deleted."""
+    node: Any = raw
+    for depth, part in enumerate(loc):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        if depth == len(loc) - 1 or not isinstance(node[part], dict) or loc[depth + 1] not in node[part]:
+            del node[part]
+            return True
+        node = node[part]
+    return False
+
+
+def _loc_path(prefix: tuple, loc: tuple) -> str:
+    # An empty or non-text key (``"": 1``, ``null: 1``) would vanish from the path: quote it.
+    return join_path(
+        *prefix, *(p if isinstance(p, int) or (isinstance(p, str) and p) else repr(p) for p in loc)
+    )
+
+
+def _related(path: str, dropped: list[str]) -> bool:
+    """Whether ``path`` is one of the ``dropped`` fields, inside one, or contains one."""
+
+    def inside(a: str, b: str) -> bool:
+        return a == b or a.startswith((b + ".", b + "["))
+
+    return any(inside(path, d) or inside(d, path) for d in dropped)
+
+
+def _dropped_note(dropped: list[str]) -> str:
+    if not dropped:
+        return ""
+    return "the checks across fields ran with the fields that break the schema at their defaults"
 
 
 def _problem_from_pydantic(err: dict[str, Any], prefix: tuple) -> Problem:
     loc = tuple(err["loc"])
-    # An empty or non-text key (``"": 1``, ``null: 1``) would vanish from the path: quote it.
-    path = join_path(
-        *prefix, *(p if isinstance(p, int) or (isinstance(p, str) and p) else repr(p) for p in loc)
-    )
+    path = _loc_path(prefix, loc)
     kind = err["type"]
     if kind == "extra_forbidden":
         allowed = _fields_at(loc[:-1])

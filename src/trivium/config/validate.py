@@ -284,12 +284,17 @@ def _check_data(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
             )
         )
     if cfg.mode == "both" and cfg.synchronizer.method != "memory":
+        fix = (
+            "or start two processes of this config, one with --set mode=explore and one with --set mode=train"
+        )
+        if at("mode") != "mode":  # a stage: its own mode wins over the top level's (config/load.py)
+            fix = "or run this stage as two processes (mode explore and mode train) from a config of its own"
         out.append(
             Problem(
                 at("synchronizer.method"),
                 cfg.synchronizer.method,
                 "explorer and trainer share one process in mode 'both': weights move in memory",
-                "use method: memory, or run mode explore and mode train as two processes",
+                f"use method: memory; {fix} (examples/decoupled/)",
             )
         )
     if cfg.mode in ("explore", "train") and buf.storage is not None and cfg.synchronizer.sync_offset:

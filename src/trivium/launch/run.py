@@ -1,6 +1,7 @@
 """``trivium run``: execute a validated run, stage by stage, in this process.
 
-Each stage starts from the previous stage's final weights. Every stage that trains runs the one train
+Each stage starts from the previous stage's final weights; a log line tells the whole run's progress (stage k
+of n, time left: ``monitor.metrics.RunProgress``). Every stage that trains runs the one train
 loop (``loop.py``) with its mode's batch source (``stages.py``); mode explore runs the explore process of
 a decoupled run (``decoupled.py``), mode serve the endpoint (``trivium.serve``), mode bench evaluates
 checkpoints (``bench.py``). A run folder that already holds a run is continued from its newest checkpoint.
@@ -24,7 +25,7 @@ from trivium.launch.doctor import stall_doctor
 from trivium.launch.loop import RunState
 from trivium.launch.resume import find_resume_point
 from trivium.launch.runtime import apply_threads
-from trivium.monitor.metrics import METRICS_FILE, MetricsWriter
+from trivium.monitor.metrics import METRICS_FILE, MetricsWriter, RunProgress
 
 log = logging.getLogger(__name__)
 
@@ -72,14 +73,14 @@ def run(run_cfg: RunConfig, overwrite: bool = False, resume: bool = True) -> Pat
     if not torch.cuda.is_available():
         torch.set_flush_denormal(True)  # denormals slowed CPU training ~3x as weights shrank
 
-    for stage in run_cfg.stages:  # every stage's data is read and checked before any model is loaded
-        _check_data(stage)
+    # every stage's data is read and checked before any model is loaded; it gives each stage's step count
+    progress = RunProgress([(s.name, _check_data(s)) for s in run_cfg.stages])
     # the stage the point is in resumes from it (RunState.take_resume)
     state = RunState(resume=point, config_dir=Path(run_cfg.source).resolve().parent)
     if point is not None:
         log.info("run folder %s holds a run: continuing it from its newest checkpoint", run_dir)
     # the processes of a decoupled run each write a metrics file of their own
-    writer = MetricsWriter(run_dir, role=modes if shared else None)
+    writer = MetricsWriter(run_dir, role=modes if shared else None, progress=progress)
     cluster = None
     if run_cfg.config.cluster.backend == "ray":
         from trivium.launch.ray_cluster import RayCluster
@@ -89,6 +90,7 @@ def run(run_cfg: RunConfig, overwrite: bool = False, resume: bool = True) -> Pat
         for i, stage in enumerate(run_cfg.stages):
             if point is not None and i < point.stage_index:
                 continue  # finished before the checkpoint we resume from
+            progress.start_stage(i)
             # reports a stall (no step record for monitor.stall_timeout_s) with every thread's stack
             doctor = stall_doctor(stage.config, run_dir, writer.path, role=writer.role)
             with doctor or contextlib.nullcontext():
@@ -103,19 +105,25 @@ def run(run_cfg: RunConfig, overwrite: bool = False, resume: bool = True) -> Pat
     return run_dir
 
 
-def _check_data(stage: Stage) -> None:
-    """Load every task set and dataset of ``stage`` once: a bad row fails now, not after earlier stages."""
+def _check_data(stage: Stage) -> int | None:
+    """Load every task set and dataset of ``stage`` once: a bad row fails now, not after earlier stages.
+    Returns the stage's planned steps, for the run's progress line (None: bench and serve run no steps)."""
     from trivium.buffer.offline import PreferenceReader, SftReader
 
     cfg = stage.config
-    if cfg.mode in ("both", "explore"):
-        build.task_reader(cfg.buffer.taskset, cfg.seed, is_eval=False)
-    if cfg.mode == "train" and cfg.buffer.sft_dataset is not None:
-        SftReader(cfg.buffer.sft_dataset, tokenizer=None, seed=cfg.seed)
-    if cfg.mode == "train" and cfg.buffer.preference_dataset is not None:
-        PreferenceReader(cfg.buffer.preference_dataset, tokenizer=None, seed=cfg.seed)
+    rows = None
+    if cfg.mode in ("both", "explore") or (cfg.mode == "train" and cfg.buffer.storage is not None):
+        if cfg.buffer.taskset is not None:  # a serve-fed train process has none: total_steps is set
+            rows = len(build.task_reader(cfg.buffer.taskset, cfg.seed, is_eval=False))
+    elif cfg.mode == "train" and cfg.buffer.sft_dataset is not None:
+        rows = len(SftReader(cfg.buffer.sft_dataset, tokenizer=None, seed=cfg.seed))
+    elif cfg.mode == "train" and cfg.buffer.preference_dataset is not None:
+        rows = len(PreferenceReader(cfg.buffer.preference_dataset, tokenizer=None, seed=cfg.seed))
     for ts in cfg.buffer.eval_tasksets:
         build.task_reader(ts, cfg.seed, is_eval=True)
+    if cfg.mode in ("bench", "serve"):
+        return None
+    return cfg.buffer.total_steps or (build.total_steps(cfg, rows) if rows is not None else None)
 
 
 def run_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunState) -> None:

@@ -1,4 +1,5 @@
-"""Metrics: one JSON line per record in the run folder (always), and a console progress bar.
+"""Metrics: one JSON line per record in the run folder (always), a console progress bar per stage, and a
+log line for the whole run (``RunProgress``: stage k of n, time left).
 
 Each record carries ``stage``, ``step`` (within the stage) and ``global_step`` (across stages), so one
 file holds a multi-stage run's whole learning curve. A run in one process writes ``metrics.jsonl``; the
@@ -11,11 +12,15 @@ reads them all.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -34,11 +39,13 @@ def metrics_path(run_dir: str | Path, role: str | None = None) -> Path:
 
 
 class MetricsWriter:
-    """Appends records to ``metrics_path(run_dir, role)``; the file is created by the first record."""
+    """Appends records to ``metrics_path(run_dir, role)``; the file is created by the first record.
+    ``progress``: told of every record (the run-level progress line)."""
 
-    def __init__(self, run_dir: str | Path, role: str | None = None):
+    def __init__(self, run_dir: str | Path, role: str | None = None, progress: RunProgress | None = None):
         self.path = metrics_path(run_dir, role)
         self.role = role
+        self.progress = progress
         self._file = None
         self._t0 = time.time()
 
@@ -52,6 +59,8 @@ class MetricsWriter:
             self._file = self.path.open("a")
         self._file.write(json.dumps(clean) + "\n")
         self._file.flush()
+        if self.progress is not None:
+            self.progress.on_record(clean)
 
     def drop_after(self, global_step: int) -> int:
         """Drop this file's records after ``global_step`` (a resumed process writes them again); returns
@@ -128,3 +137,90 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+class RunProgress:
+    """The whole run in one log line: at each stage start and about ``lines_per_stage`` times a stage,
+
+        run: stage 1/2 sft, step 80/800 (run 80/900 steps), 0:22 elapsed, ~2:45 left in the stage,
+        ~3:08 in the run                                                  (one line in the log)
+
+    ``stages``: (name, planned steps) in order; None for stages without steps (bench, serve), which the
+    estimate leaves out. The stage's time left is its remaining steps at the pace measured in this stage
+    since it started here (its evals, syncs and start-up included); later stages are counted at that pace
+    too, a guess (a quickstart GRPO step takes as long as 2.6 SFT steps) that each stage corrects once it
+    runs. A resumed stage measures from its first new step. ``clock``: seconds, monotonic (tests pass
+    their own).
+    """
+
+    def __init__(
+        self,
+        stages: list[tuple[str, int | None]],
+        lines_per_stage: int = 10,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.stages = list(stages)
+        self.lines_per_stage = lines_per_stage
+        self.clock = clock
+        self.t0 = clock()
+        self.index = -1
+        self._start = self.t0
+        self._first: int | None = None  # the first step this process ran in the stage
+        self._last = 0
+
+    def start_stage(self, index: int) -> str:
+        self.index, self._start, self._first, self._last = index, self.clock(), None, 0
+        name, steps = self.stages[index]
+        done = sum(n or 0 for _, n in self.stages[:index])
+        planned = f"{steps} steps" if steps is not None else "no steps"
+        line = (
+            f"run: stage {index + 1}/{len(self.stages)} {name} starts ({planned}); run {done}/{self._known} "
+            f"steps done, {_clock_text(self.clock() - self.t0)} elapsed"
+        )
+        log.info("%s", line)
+        return line
+
+    def on_record(self, record: dict[str, Any]) -> str | None:
+        """Note a metrics record; returns (and logs) the progress line when one is due."""
+        if self.index < 0:
+            return None
+        name, steps = self.stages[self.index]
+        step = record.get("step")
+        if record.get("stage") != name or not steps or not isinstance(step, int) or step <= self._last:
+            return None
+        if self._first is None:
+            self._first = step
+        self._last = step
+        every = max(1, math.ceil(steps / self.lines_per_stage))
+        if step % every and step != steps:
+            return None
+        line = self.line(step)
+        log.info("%s", line)
+        return line
+
+    def line(self, step: int) -> str:
+        name, steps = self.stages[self.index]
+        now = self.clock()
+        pace = (now - self._start) / (step - (self._first or step) + 1)  # seconds per step, this stage
+        later = self.stages[self.index + 1 :]
+        stage_left = max(0, (steps or 0) - step) * pace
+        run_left = stage_left + sum(n or 0 for _, n in later) * pace
+        done = sum(n or 0 for _, n in self.stages[: self.index]) + step
+        unknown = [n for n, steps_ in later if steps_ is None]
+        text = (
+            f"run: stage {self.index + 1}/{len(self.stages)} {name}, step {step}/{steps} (run {done}/"
+            f"{self._known} steps), {_clock_text(now - self.t0)} elapsed, ~{_clock_text(stage_left)} left "
+            f"in the stage, ~{_clock_text(run_left)} in the run"
+        )
+        return text + (f" (not counting {', '.join(unknown)})" if unknown else "")
+
+    @property
+    def _known(self) -> int:
+        return sum(n or 0 for _, n in self.stages)
+
+
+def _clock_text(seconds: float) -> str:
+    """``m:ss``, or ``h:mm:ss`` from an hour."""
+    s = round(seconds)
+    h, m = divmod(s // 60, 60)
+    return f"{h}:{m:02d}:{s % 60:02d}" if h else f"{m}:{s % 60:02d}"

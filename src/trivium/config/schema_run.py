@@ -1,0 +1,85 @@
+"""The run-level schema sections: how a run uses the machine and the cluster, what it monitors, and the
+faults it injects on purpose. ``schema.py`` assembles them into ``TriviumConfig`` and re-exports them."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from trivium.config.schema_base import COUNT_MAX, SECONDS_MAX, SEED_MAX, StrictModel
+
+
+class RuntimeConfig(StrictModel):
+    """How this process uses the machine."""
+
+    num_threads: int | None = Field(None, ge=1, le=4096)
+    """CPU threads for torch (and OpenMP / the tokenizer pool of the processes it starts). None: every core.
+    Two runs on one machine that each take every core slow each other down many times over (OpenMP
+    threads wait on each other; 28x measured on 2 cores): give each run cores / runs (docs/sharing.md)."""
+
+
+class ActorResources(StrictModel):
+    """What one Ray actor of a role asks the cluster for (Ray's logical resources: a fraction of a CPU or a
+    GPU is a share of the node's, not a limit on threads)."""
+
+    num_cpus: float = Field(1.0, ge=0, le=COUNT_MAX)
+    """CPUs the actor reserves."""
+    num_gpus: float = Field(0.0, ge=0, le=1024)
+    """GPUs the actor reserves (a fraction shares one GPU between actors)."""
+    memory_gb: float = Field(0.0, ge=0, le=COUNT_MAX)
+    """Memory the actor reserves, in GiB; 0 = no reservation."""
+
+
+class ClusterConfig(StrictModel):
+    """Where the roles run (docs/cluster.md): in this process and the ones it starts (local), or as Ray
+    actors on a Ray cluster (ray)."""
+
+    backend: Literal["local", "ray"] = "local"
+    """local: everything in `trivium run` and the trainer-rank processes it starts (no Ray needed); ray:
+    rollout engines and trainer ranks are Ray actors placed on a Ray cluster."""
+    address: str | None = None
+    """ray: None = start a Ray instance for this run on this machine; 'auto' = join the cluster this
+    machine belongs to (`ray start --head` / `ray start --address ...`); 'HOST:PORT' = that cluster."""
+    namespace: str = ""
+    """ray: the namespace of this run's named actors; empty = trivium/{project}/{name}."""
+    engine: ActorResources = Field(default_factory=ActorResources)
+    """ray: resources of each rollout engine actor (explorer.engine_num of them)."""
+    trainer_rank: ActorResources = Field(default_factory=ActorResources)
+    """ray: resources of each trainer rank actor (trainer.world_size of them, one placement-group bundle
+    each, packed on as few nodes as possible)."""
+    start_timeout_s: float = Field(120.0, gt=0, le=SECONDS_MAX)
+    """ray: an actor or placement group not ready after this long is an error naming it and what the
+    cluster has (a request that cannot fit at all is refused before anything starts)."""
+    max_restarts: int = Field(3, ge=0, le=1000)
+    """ray: times a rollout engine actor that dies is restarted (its requests are sent again)."""
+
+
+class MonitorConfig(StrictModel):
+    progress_bar: bool = True
+    """Show a console progress bar with reward, accuracy and loss."""
+    stall_timeout_s: float = Field(600.0, ge=0, le=SECONDS_MAX)
+    """No step finished for this long: write every thread's stack to stall_*.txt in the run folder and the
+    log, saying what each part waits on (launch/doctor.py); the run goes on. Again after as long. 0 = off."""
+
+
+class FaultsConfig(StrictModel):
+    """Faults injected on purpose to test that a run survives them (docs/faults.md); off by default. Each
+    rate is a probability per call, drawn from ``seed``, so a run injects the same faults every time."""
+
+    seed: int = Field(0, ge=0, le=SEED_MAX)
+    """Seed of the draws (with the step, task and call they are for)."""
+    workflow_raise: float = Field(0.0, ge=0, le=1)
+    """A workflow run (each attempt of a task) raises before it starts."""
+    workflow_hang: float = Field(0.0, ge=0, le=1)
+    """A workflow run hangs (hang_s), so that explorer.workflow_timeout_s stops it."""
+    env_raise: float = Field(0.0, ge=0, le=1)
+    """An environment's reset or step raises (multi-turn workflows)."""
+    env_hang: float = Field(0.0, ge=0, le=1)
+    """An environment's reset or step hangs (hang_s), so that workflow_args.env_timeout_s stops it."""
+    reward_raise: float = Field(0.0, ge=0, le=1)
+    """A reward function call raises."""
+    hang_s: float = Field(0.0, ge=0, le=SECONDS_MAX)
+    """How long an injected hang lasts; 0 = 1.5 x the timeout that should stop it."""
+    in_eval: bool = False
+    """Inject into evaluation too (off: eval task sets measure the model, not the faults)."""
