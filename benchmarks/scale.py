@@ -418,23 +418,34 @@ def main() -> int:
         return 0
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    results: dict = {"date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count()}
-    out = [f"# benchmarks/scale.py ({results['date']}, {results['cores']} CPU cores)\n"]
+    # parts not run now keep their previous results (each part says when it was measured)
+    saved = RESULTS / "scale.json"
+    results: dict = json.loads(saved.read_text()) if saved.exists() else {}
+    stamp = {"date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count()}
     if "layout" in args.parts:
         print(LAYOUT_HEADER, flush=True)
         results["layout"] = layout_rows(args.steps, args.device)
-        out += ["## Layout: one train step per strategy\n", LAYOUT_HEADER]
-        out += [_layout_line(r, results["layout"]) for r in results["layout"]] + [""]
+        results["layout_measured"] = stamp
     if "lora" in args.parts:
         print(LORA_HEADER, flush=True)
         results["lora"] = lora_rows(work, args.grpo_steps)
-        out += ["## LoRA against full fine-tuning: the quickstart's GRPO stage\n", LORA_HEADER]
-        out += [_lora_line(r, results["lora"]) for r in results["lora"]] + [""]
+        results["lora_measured"] = stamp
     if "ray" in args.parts:
         print(RAY_HEADER, flush=True)
         results["ray"] = ray_rows(work, args.ray_steps)
-        out += ["## Ray actors against the local backend: the quickstart's GRPO stage\n", RAY_HEADER]
-        out += [_ray_line(r, results["ray"]) for r in results["ray"]] + [""]
+        results["ray_measured"] = stamp
+    out = ["# benchmarks/scale.py\n"]
+    for part, title, header, line in (
+        ("layout", "Layout: one train step per strategy", LAYOUT_HEADER, _layout_line),
+        ("lora", "LoRA against full fine-tuning: the quickstart's GRPO stage", LORA_HEADER, _lora_line),
+        ("ray", "Ray actors against the local backend: the quickstart's GRPO stage", RAY_HEADER, _ray_line),
+    ):
+        if part in results:
+            when = results.get(
+                f"{part}_measured", {"date": results.get("date"), "cores": results.get("cores")}
+            )
+            out += [f"## {title} ({when['date']}, {when['cores']} CPU cores)\n", header]
+            out += [line(r, results[part]) for r in results[part]] + [""]
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "scale.md").write_text("\n".join(out))
     (RESULTS / "scale.json").write_text(json.dumps(results, indent=1))

@@ -23,7 +23,7 @@ def bench():
 def test_a_faulty_pair_member_reports_its_failures_and_trains_every_good_experience(
     bench, tiny_model_dir, tmp_path
 ):
-    args = argparse.Namespace(steps=2, timeout=1.0, threads=1)
+    args = argparse.Namespace(steps=2, timeout=1.0, threads=1, retries=0)
     faults = {"workflow_raise": 0.3, "workflow_hang": 0.05}
     path = bench.config(tiny_model_dir, tmp_path, "faulty-s0", 0, args, faults)
     row = bench.run(path, tmp_path / "bench-faults" / "faulty-s0")
@@ -33,5 +33,5 @@ def test_a_faulty_pair_member_reports_its_failures_and_trains_every_good_experie
     assert 0 <= row["start_accuracy"] <= 1 and 0 <= row["final_accuracy"] <= 1
     row.update(kind="faulty", seed=0, load_before="0", load_after="0")
     clean = {**row, "kind": "clean", "final_accuracy": row["final_accuracy"] + 0.02}
-    table = bench.markdown([clean, row], argparse.Namespace(steps=2, timeout=1.0, threads=1))
-    assert "| faulty | 0 |" in table and "+2.0 points" in table
+    table = bench.markdown([clean, row], argparse.Namespace(steps=2, timeout=1.0, threads=1, retries=0))
+    assert row["retries"] == 0 and "| faulty | 0 |" in table and "+2.0 points" in table
