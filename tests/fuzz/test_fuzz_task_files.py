@@ -59,7 +59,9 @@ def test_fuzzed_jsonl_files(tmp_path, examples):
             assert str(path) in str(error) or "task set 'fuzz'" in str(error)
             return
         if mode == "skip":
-            non_blank = [r for r in rows if r.strip()]
+            # a byte-order mark that opens the file marks its encoding; it is not part of the first row
+            first = rows[0].removeprefix(b"\xef\xbb\xbf")
+            non_blank = [r for r in [first, *rows[1:]] if r.strip()]
             assert len(reader) + reader.skipped_rows == len(non_blank)
         assert all(isinstance(t.data["question"], str) for t in reader.all_tasks())
 
@@ -87,3 +89,12 @@ def test_fuzzed_json_files(tmp_path, examples):
         assert len(reader) + reader.skipped_rows == len(values)
 
     run()
+
+
+def test_a_byte_order_mark_alone_on_the_first_line_is_not_a_row(tmp_path):
+    """Found by a random slow fuzz run: the mark that opens a UTF-8 file is its encoding, not a row, so
+    ``skip`` neither counts nor skips it."""
+    path = tmp_path / "fuzz.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf\n{"question": "What is 2+2?", "answer": "#### 4"}\n')
+    reader = read(path, "skip")
+    assert len(reader) == 1 and reader.skipped_rows == 0
