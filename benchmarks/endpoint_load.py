@@ -244,7 +244,7 @@ def main() -> None:
         "--seconds", type=float, default=60.0, help="length of phases 2-4 (phase 1: at most 20)"
     )
     parser.add_argument("--clients", type=int, default=32)
-    parser.add_argument("--work", type=Path, default=REPO / "benchmarks" / "work")
+    parser.add_argument("--work", type=Path, default=REPO / "benchmarks" / "workdir")
     parser.add_argument(
         "--torch-threads",
         type=int,

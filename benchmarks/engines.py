@@ -10,7 +10,7 @@ Workloads (16 prompts x 8 samples, T = 1, no top-k/top-p, the GRPO rollout shape
 - ``quickstart``: the quickstart's model (~1M parameters) after its SFT stage; answers <= 24 tokens.
 - ``w25m``: a 25M Qwen2 (hidden 512, 8 layers, 8 heads) after 150 SFT steps on the ``explained`` word
   problems (3-5 narrated steps); answers ~100 tokens, <= 128.
-Both models are trained with ``trivium run`` into ``--work`` (default ``benchmarks/work``, gitignored) and
+Both models are trained with ``trivium run`` into ``--work`` (default ``benchmarks/workdir``, gitignored) and
 reused by later runs.
 
 Each row is its own process (so peak memory is its own): load, one warm-up call, ``--repeats`` timed calls
@@ -311,7 +311,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per row (median reported)")
-    ap.add_argument("--work", default=str(REPO / "benchmarks" / "work"), help="models and data (reused)")
+    ap.add_argument("--work", default=str(REPO / "benchmarks" / "workdir"), help="models and data (reused)")
     ap.add_argument(
         "--vllm-python",
         default=str(REPO / ".venv-vllm" / "bin" / "python"),

@@ -5,7 +5,7 @@ hanging, from the same SFT checkpoint, same steps; greedy accuracy of both on th
     python benchmarks/faults.py --seeds 0 1 2   # several seeds (run seed and fault seed), one pair each
 
 The SFT checkpoint is ``benchmarks/engines.py``'s ``quickstart_model`` (trained once into ``--work``,
-default ``benchmarks/work``, ~3 min, then reused). Both runs of a pair use the same config (16 tasks x 8
+default ``benchmarks/workdir``, ~3 min, then reused). Both runs of a pair use the same config (16 tasks x 8
 samples, 24 tokens, lr 2e-4, ``explorer.workflow_timeout_s`` = ``--timeout``, ``runtime.num_threads`` =
 ``--threads``, ``explorer.max_retries`` = ``--retries``, 2: a raised attempt is tried again, a hung one is
 not) but for the ``faults`` section: ``workflow_raise`` 0.3 and ``workflow_hang`` 0.05 (a hang
@@ -99,7 +99,9 @@ def load_average() -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--work", default=str(REPO / "benchmarks" / "work"), help="SFT model and runs (reused)")
+    ap.add_argument(
+        "--work", default=str(REPO / "benchmarks" / "workdir"), help="SFT model and runs (reused)"
+    )
     ap.add_argument("--steps", type=int, default=100, help="GRPO steps (the quickstart's: 100)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--raise-rate", type=float, default=0.3)
@@ -132,7 +134,8 @@ def main() -> int:
             rows.append(row)
             print(json.dumps(row), flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "faults.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+    recorded = {**vars(args), "work": os.path.relpath(args.work, REPO)}  # no machine paths in results
+    (RESULTS / "faults.json").write_text(json.dumps({"args": recorded, "rows": rows}, indent=1))
     table = markdown(rows, args)
     (RESULTS / "faults.md").write_text(table)
     print("\n" + table)

@@ -276,7 +276,7 @@ def lora_rows(work: Path, steps: int) -> list[dict]:
             "trainable_params": train[-1]["train/trainable_params"],
             "optimizer_mb": train[-1]["train/optimizer_mb"],
             "s_per_step": statistics.median(r["train/step_seconds"] for r in train),
-            "metrics": str(work / "bench" / name),
+            "metrics": os.path.relpath(work / "bench" / name, REPO),  # no machine paths in results
         }
         records.append(record)
         print(_lora_line(record, records), flush=True)
@@ -401,7 +401,7 @@ def main() -> int:
     ap.add_argument("--ray-steps", type=int, default=10, help="GRPO steps of each Ray row")
     ap.add_argument("--steps", type=int, default=3, help="timed train steps per layout row")
     ap.add_argument("--grpo-steps", type=int, default=100, help="GRPO steps of the LoRA comparison")
-    ap.add_argument("--work", default=str(REPO / "benchmarks" / "work"), help="models and runs (reused)")
+    ap.add_argument("--work", default=str(REPO / "benchmarks" / "workdir"), help="models and runs (reused)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="layout rows: rank r on cuda:r")
     ap.add_argument("--rank-of", dest="rank_of", help=argparse.SUPPRESS)  # internal: run one rank
     ap.add_argument("--model", help=argparse.SUPPRESS)

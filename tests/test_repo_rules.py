@@ -93,3 +93,39 @@ def test_package_import_is_cheap():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.split()
     assert out == ["0", "0"], "importing trivium (or trivium.models) must not import torch or transformers"
+
+
+def _tracked_text_files():
+    repo = SRC.parents[1]
+    names = subprocess.run(["git", "ls-files"], cwd=repo, capture_output=True, text=True, check=True).stdout
+    for name in names.splitlines():
+        path = repo / name
+        if path.suffix in {".py", ".md", ".yaml", ".yml", ".json", ".toml", ".txt", ""} and path.is_file():
+            yield name, path.read_text(errors="replace")
+
+
+def test_docs_and_code_cite_only_what_users_have():
+    """Citations go to docs/ of this repository or to papers: a reference folder beside the repository (or
+    a reference file by its bare name) is not shipped, so a user cannot follow it."""
+    bad = [
+        f"{name}:{n}"
+        for name, text in _tracked_text_files()
+        for n, line in enumerate(text.splitlines(), 1)
+        if re.search(
+            r"\.\./shared/|(?<![\w/])ALGORITHMS\.md|(?<![\w/])DESIGN\.md|(?<![\w/])MISSION\.md", line
+        )
+    ]
+    assert not bad, f"cite docs/ or the paper instead: {bad[:10]}"
+
+
+def test_no_machine_paths_in_tracked_files():
+    """Results and docs record paths relative to the repository: no home, sandbox or temp folders."""
+    pattern = re.compile(r"(?<![\w.])/(work|home|root|Users|tmp/pytest-of)/")
+    bad = [
+        f"{name}:{n}"
+        for name, text in _tracked_text_files()
+        if name != "tests/test_repo_rules.py"
+        for n, line in enumerate(text.splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert not bad, f"machine paths: {bad[:10]}"

@@ -16,7 +16,7 @@ from trivium.algorithm.rewards_shaping import (
 LAYOUTS = pytest.mark.parametrize("pack_length", [None, 64], ids=["padded", "packed"])
 
 
-# ---- token rewards (ALGORITHMS.md §2.1a) ----
+# ---- token rewards (docs/algorithms.md §2.1a) ----
 
 
 @LAYOUTS
@@ -118,7 +118,7 @@ def test_kl_controller_errors():
         AdaptiveKLController(0.1).update(float("nan"), 8)
 
 
-# ---- DAPO (ALGORITHMS.md §6) ----
+# ---- DAPO (docs/algorithms.md §6) ----
 
 
 def test_overlong_penalty_worked_examples():

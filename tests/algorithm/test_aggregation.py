@@ -5,7 +5,7 @@ import torch
 
 from trivium.algorithm import AGGREGATIONS, LossScale, UnknownPartError, aggregate, loss_scale, sequence_sums
 
-# ALGORITHMS.md §1 worked example: λ_1 = [1, 3] (n = 2), λ_2 = [2, 2, 2, 5] (n = 4), C = 4; Σλ = 15.
+# docs/algorithms.md §1 worked example: λ_1 = [1, 3] (n = 2), λ_2 = [2, 2, 2, 5] (n = 4), C = 4; Σλ = 15.
 LAMBDAS = [[1.0, 3.0], [2.0, 2.0, 2.0, 5.0]]
 WORKED = {
     "token-mean": 15 / 6,  # 2.5

@@ -20,7 +20,7 @@ def seq_advantages(rewards, group_ids=None, **args):
 
 
 def looped_reference(rewards, group_ids, std_normalize=True, epsilon=EPS):
-    """ALGORITHMS.md §4 written one group at a time, in float64."""
+    """docs/algorithms.md §4 written one group at a time, in float64."""
     out = [0.0] * len(rewards)
     for g in set(group_ids):
         members = [i for i, gi in enumerate(group_ids) if gi == g]

@@ -5,7 +5,7 @@ import torch
 
 from trivium.algorithm import KL_FNS
 
-# ALGORITHMS.md §2.1: ℓ = −1.0, ℓref = −1.5 ⇒ δ = 0.5.
+# docs/algorithms.md §2.1: ℓ = −1.0, ℓref = −1.5 ⇒ δ = 0.5.
 DELTA = 0.5
 EXPECTED = {
     "k1": DELTA,  # 0.5

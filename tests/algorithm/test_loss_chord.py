@@ -1,4 +1,4 @@
-"""CHORD (ALGORITHMS.md §16): μ schedule, φ, the per-part normalisation and its limits μ = 0 and μ = 1."""
+"""CHORD (docs/algorithms.md §16): μ schedule, φ, the per-part normalisation and its limits μ = 0 and μ = 1."""
 
 import math
 

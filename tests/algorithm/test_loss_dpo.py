@@ -1,4 +1,4 @@
-"""DPO (ALGORITHMS.md §18): worked numbers, gradient, summed log-probs and explicit pairing."""
+"""DPO (docs/algorithms.md §18): worked numbers, gradient, summed log-probs and explicit pairing."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Entropy bonus (ALGORITHMS.md §2.2): the per-token entropy and its term in actor_loss."""
+"""Entropy bonus (docs/algorithms.md §2.2): the per-token entropy and its term in actor_loss."""
 
 import math
 

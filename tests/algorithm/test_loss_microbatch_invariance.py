@@ -1,4 +1,4 @@
-"""Gradient accumulation is exact for every new loss in its paper's aggregation (ALGORITHMS.md §1, §22.3).
+"""Gradient accumulation is exact for every new loss in its paper's aggregation (docs/algorithms.md §1, §22.3).
 
 The whole mini-batch in one micro-batch (1×8) must give the same loss and gradient as any split into
 micro-batches (8×1, 2×4, one packed row at a time), including the sequence-ratio losses, whose

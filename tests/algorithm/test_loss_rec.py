@@ -1,4 +1,4 @@
-"""REC family (ALGORITHMS.md §15): clip masks, weights, regularisers, and GRPO as a member."""
+"""REC family (docs/algorithms.md §15): clip masks, weights, regularisers, and GRPO as a member."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""The new losses are registered under their documented names with the ALGORITHMS.md defaults."""
+"""The new losses are registered under their documented names with the defaults of docs/algorithms.md."""
 
 import inspect
 

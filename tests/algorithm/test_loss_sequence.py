@@ -1,4 +1,4 @@
-"""GSPO, TOPR and PPO's sequence form: ALGORITHMS.md §9, §12, §7 worked numbers and looped references."""
+"""GSPO, TOPR and PPO's sequence form: docs/algorithms.md §9, §12, §7 worked numbers and looped references."""
 
 import math
 

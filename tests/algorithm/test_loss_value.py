@@ -1,4 +1,4 @@
-"""PPO's clipped value loss (ALGORITHMS.md §3) and its metrics."""
+"""PPO's clipped value loss (docs/algorithms.md §3) and its metrics."""
 
 import math
 

@@ -26,7 +26,7 @@ def loss_and_grad(advantage, ratio, **args):
     return loss.item(), logprobs.grad.item(), metrics
 
 
-# ALGORITHMS.md §3 examples (ε = 0.2, c = 3). Gradient: 0 when the clipped branch is active, else −Aρ.
+# docs/algorithms.md §3 examples (ε = 0.2, c = 3). Gradient: 0 when the clipped branch is active, else −Aρ.
 @pytest.mark.parametrize(
     ("advantage", "ratio", "dual_clip", "loss", "grad"),
     [

@@ -33,19 +33,24 @@ def _trained_steps(records):
     return [r for r in records if "train/loss" in r or "train/skipped_steps" in r]
 
 
+def _kill_and_rerun(tmp_path, model_dir, data_dir, name, seed, **overrides):
+    """Run ``name`` and an uninterrupted ``name-ref`` side by side, SIGKILL ``name`` at a seeded random
+    moment, rerun it to the end; returns where it was killed and the rerun's stderr."""
+    ref = write(tmp_path, grpo_config(tmp_path, model_dir, data_dir, f"{name}-ref", steps=STEPS, **overrides))
+    path = write(tmp_path, grpo_config(tmp_path, model_dir, data_dir, name, steps=STEPS, **overrides))
+    reference = start(ref)
+    where = kill_at_random_moment(
+        start(path), run_dir(tmp_path, name) / "metrics.jsonl", random.Random(seed), (1, STEPS - 2)
+    )
+    finish(reference)
+    return where, finish(start(path))
+
+
 @pytest.mark.integration
 def test_memory_queue_killed_at_a_random_moment_resumes_equal_to_an_uninterrupted_run(
     tmp_path, tiny_model_dir, word_problem_dir
 ):
-    rng = random.Random(13)
-    ref = write(tmp_path, grpo_config(tmp_path, tiny_model_dir, word_problem_dir, "mem-ref", steps=STEPS))
-    path = write(tmp_path, grpo_config(tmp_path, tiny_model_dir, word_problem_dir, "mem", steps=STEPS))
-    reference = start(ref)
-    where = kill_at_random_moment(
-        start(path), run_dir(tmp_path, "mem") / "metrics.jsonl", rng, (1, STEPS - 2)
-    )
-    finish(reference)
-    err = finish(start(path))
+    where, err = _kill_and_rerun(tmp_path, tiny_model_dir, word_problem_dir, "mem", 13)
     assert "resuming from" in err, where
     got, want = read_metrics(run_dir(tmp_path, "mem")), read_metrics(run_dir(tmp_path, "mem-ref"))
     assert_same_records(got, want)  # same samples, same losses, same evals: nothing lost or repeated
@@ -57,20 +62,8 @@ def test_memory_queue_killed_at_a_random_moment_resumes_equal_to_an_uninterrupte
 def test_explorer_running_ahead_killed_at_a_random_moment_trains_every_step_once(
     tmp_path, tiny_model_dir, word_problem_dir
 ):
-    rng = random.Random(7)
     sync = {"synchronizer": {"sync_offset": 1, "max_staleness": 1}}
-    ref = write(
-        tmp_path, grpo_config(tmp_path, tiny_model_dir, word_problem_dir, "ahead-ref", steps=STEPS, **sync)
-    )
-    path = write(
-        tmp_path, grpo_config(tmp_path, tiny_model_dir, word_problem_dir, "ahead", steps=STEPS, **sync)
-    )
-    reference = start(ref)
-    where = kill_at_random_moment(
-        start(path), run_dir(tmp_path, "ahead") / "metrics.jsonl", rng, (1, STEPS - 2)
-    )
-    finish(reference)
-    err = finish(start(path))
+    where, err = _kill_and_rerun(tmp_path, tiny_model_dir, word_problem_dir, "ahead", 7, **sync)
     assert "resuming from" in err, where
     got = _trained_steps(read_metrics(run_dir(tmp_path, "ahead")))
     assert [r["step"] for r in got] == list(range(1, STEPS + 1)), where

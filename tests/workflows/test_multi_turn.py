@@ -97,7 +97,7 @@ def test_step_wise_grpo_compares_episodes_not_turns():
     seq = torch.arange(7).unsqueeze(1).expand(7, 2)
     inputs = AdvantageInputs(rewards, torch.zeros(7, dtype=torch.long), mask, seq, run_ids=runs, turns=turns)
     adv, _ = ADVANTAGE_FNS.get("step_wise_grpo")(inputs)
-    # GRPO over the episode returns [1, 0, 0, 0] (ALGORITHMS.md §4): 1.499997 and -0.499999 per turn.
+    # GRPO over the episode returns [1, 0, 0, 0] (docs/algorithms.md §4): 1.499997 and -0.499999 per turn.
     expected = torch.tensor([1.499997, 1.499997, -0.499999, -0.499999, -0.499999, -0.499999, -0.499999])
     assert torch.allclose(adv[:, 0], expected, atol=1e-5)
     with pytest.raises(ValueError, match="run_ids"):

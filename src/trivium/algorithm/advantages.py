@@ -9,13 +9,13 @@ critic's value targets) and ``advantages_distill`` (on-policy and JSD distillati
 builds the token rewards and holds the KL-penalty controllers and DAPO's shaping.
 
 Design decisions:
-- Advantages carry no gradient (ALGORITHMS.md §0.1): every input is detached on entry, whatever the caller
+- Advantages carry no gradient (docs/algorithms.md §0.1): every input is detached on entry, whatever the caller
   passes, so a reward model's graph can never leak into the policy loss.
 - Group statistics are computed for all groups at once (``torch.unique`` + ``scatter_reduce``), with no
   Python loop over groups; ``tests/algorithm`` checks them against looped references.
 - Tokens get their sequence's advantage through ``seq_index``, so padded and packed rows are the same.
 - Statistics over tokens (whitening) use only tokens on the mask: prompt, padding and tool tokens never
-  shift a mean or a variance (ALGORITHMS.md §22.4).
+  shift a mean or a variance (docs/algorithms.md §22.4).
 - A function that needs an optional input which is ``None`` raises, naming the input and what provides it.
 """
 
@@ -83,7 +83,7 @@ def broadcast_to_tokens(values: Tensor, mask: Tensor, seq_index: Tensor) -> Tens
 def grpo(
     inputs: AdvantageInputs, *, std_normalize: bool = True, epsilon: float = 1e-6
 ) -> tuple[Tensor, dict[str, float]]:
-    """Group-normalised advantage (ALGORITHMS.md §4; ``std_normalize=False`` is Dr. GRPO, §5).
+    """Group-normalised advantage (docs/algorithms.md §4; ``std_normalize=False`` is Dr. GRPO, §5).
 
     A_i = (R_i − μ_g) / (σ_g + ε) with the unbiased std σ_g of the group; R_i − μ_g without std.
     A group of one uses μ = 0, σ = 1 (A = R/(1 + ε)); a group whose rewards are all equal gets exactly 0
@@ -97,7 +97,7 @@ def grpo(
 def rec(
     inputs: AdvantageInputs, *, std_normalize: bool = False, epsilon: float = 1e-6
 ) -> tuple[Tensor, dict[str, float]]:
-    """REC's group-relative REINFORCE advantage (ALGORITHMS.md §15): A_i = R_i − μ_g, optionally /(σ_g + ε).
+    """REC's group-relative REINFORCE advantage (docs/algorithms.md §15): A_i = R_i − μ_g, optionally /(σ_g + ε).
 
     The same estimator as ``grpo`` with the other default: REC's claim is that the group-mean baseline
     alone is what makes group-relative REINFORCE work off-policy; the std division is optional. The
@@ -173,7 +173,7 @@ def _group_normalise(
 
 
 def _group_mean_std(rewards: Tensor, group: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
-    """Per-group mean and unbiased std ``[G]``; a group of one gets μ = 0, σ = 1 (ALGORITHMS.md §4)."""
+    """Per-group mean and unbiased std ``[G]``; a group of one gets μ = 0, σ = 1 (docs/algorithms.md §4)."""
     num_groups = counts.numel()
     sizes = counts.to(rewards.dtype)
     mean = _group_reduce(rewards, group, num_groups, "sum") / sizes

@@ -1,4 +1,4 @@
-"""GAE from a critic's values (PPO): advantages and the critic's value targets (ALGORITHMS.md §3).
+"""GAE from a critic's values (PPO): advantages and the critic's value targets (docs/algorithms.md §3).
 
 Design decisions:
 - The recursion runs over the *valid* tokens of each response, with the per-sequence grid and reverse
@@ -35,7 +35,7 @@ VALUES_HINT = (
 def gae_with_returns(
     inputs: AdvantageInputs, *, gamma: float = 1.0, lam: float = 1.0, whiten: bool = True
 ) -> tuple[Tensor, Tensor, dict[str, float]]:
-    """GAE advantages and value targets (ALGORITHMS.md §3), both ``[R, L]``, detached, 0 off the mask.
+    """GAE advantages and value targets (docs/algorithms.md §3), both ``[R, L]``, detached, 0 off the mask.
 
     Per response, backward over valid tokens (V and Â after the last valid token are 0):
     δ_t = rw_t + γ V_next(t) − V_t,  Â_t = δ_t + γλ Â_next(t),  Ret_t = Â_t + V_t (before whitening);

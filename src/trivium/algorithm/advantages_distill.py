@@ -37,7 +37,7 @@ OLD_LOGPROBS_HINT = "the trainer fills them with the behaviour policy's log-prob
 def on_policy_distill(
     inputs: AdvantageInputs, *, distill_coef: float = 1.0, gamma: float = 0.0, task_weight: float = 0.0
 ) -> tuple[Tensor, dict[str, float]]:
-    """Per-token reverse KL to a teacher (ALGORITHMS.md §19): A_{i,t} = λ_KL (ℓT_{i,t} − ℓold_{i,t}).
+    """Per-token reverse KL to a teacher (docs/algorithms.md §19): A_{i,t} = λ_KL (ℓT_{i,t} − ℓold_{i,t}).
 
     ℓold − ℓT is a one-sample estimate of KL(student ‖ teacher) at that prefix; A > 0 where the teacher
     likes the sampled token more than the student does (ℓold = −2, ℓT = −1.2 ⇒ A = +0.8). ``gamma`` > 0
@@ -67,7 +67,7 @@ def on_policy_distill(
 def jsd_distill(
     inputs: AdvantageInputs, *, beta: float = 0.5, distill_coef: float = 1.0
 ) -> tuple[Tensor, dict[str, float]]:
-    """Generalised JSD_β(P_T ‖ P_S) to a teacher, sampled-token form (ALGORITHMS.md §20b).
+    """Generalised JSD_β(P_T ‖ P_S) to a teacher, sampled-token form (docs/algorithms.md §20b).
 
     For 0 < β < 1, with log m = log(β e^{ℓT} + (1 − β) e^{ℓold}):
     A_{i,t} = −λ_KL (1 − β) (ℓold_{i,t} − log m_{i,t})      (ℓold = −2, ℓT = −1.2, β = ½ ⇒ A = +0.2389767)

@@ -45,7 +45,7 @@ __all__ = ["asymre", "reinforceplusplus_baseline", "rloo", "step_wise_grpo"]
 
 @ADVANTAGE_FNS.register("rloo")
 def rloo(inputs: AdvantageInputs, *, whiten: bool = False) -> tuple[Tensor, dict[str, float]]:
-    """Leave-one-out baseline (ALGORITHMS.md §7): A_i = R_i − (1/(G−1)) Σ_{j≠i} R_j = G/(G−1) (R_i − μ_g).
+    """Leave-one-out baseline (docs/algorithms.md §7): A_i = R_i − (1/(G−1)) Σ_{j≠i} R_j = G/(G−1) (R_i − μ_g).
 
     Every group needs G ≥ 2. An all-equal group gets exactly 0. ``whiten`` standardises the per-sequence
     advantages over the batch, (A − mean) / sqrt(var + 1e-8) with the unbiased var, counting each
@@ -74,7 +74,7 @@ def rloo(inputs: AdvantageInputs, *, whiten: bool = False) -> tuple[Tensor, dict
 
 @ADVANTAGE_FNS.register("asymre")
 def asymre(inputs: AdvantageInputs, *, baseline_shift: float = -0.1) -> tuple[Tensor, dict[str, float]]:
-    """Asymmetric REINFORCE (ALGORITHMS.md §14): A_i = R_i − V_g with V_g = μ_g + δ_V (``baseline_shift``).
+    """Asymmetric REINFORCE (docs/algorithms.md §14): A_i = R_i − V_g with V_g = μ_g + δ_V (``baseline_shift``).
 
     δ_V < 0 puts the baseline below the group mean, so positives weigh more than negatives (the paper's
     stability condition is V below the behaviour policy's expected reward); δ_V = 0 is plain group-mean
@@ -93,7 +93,7 @@ def asymre(inputs: AdvantageInputs, *, baseline_shift: float = -0.1) -> tuple[Te
 
 @ADVANTAGE_FNS.register("reinforceplusplus_baseline")
 def reinforceplusplus_baseline(inputs: AdvantageInputs) -> tuple[Tensor, dict[str, float]]:
-    """REINFORCE++-baseline (ALGORITHMS.md §8): Ã_i = R_i − μ_g, broadcast to tokens, whitened globally.
+    """REINFORCE++-baseline (docs/algorithms.md §8): Ã_i = R_i − μ_g, broadcast to tokens, whitened globally.
 
     The whitening runs over all valid tokens of the batch, (x − mean) / sqrt(var + 1e-8) with the
     unbiased var, so long responses weigh more in the statistics; group std is not used (the global std

@@ -11,7 +11,7 @@ Design decisions:
   "the next valid token" is simply the next column, and zero padding is exactly the "value and advantage
   after the last token are 0" of the recursion, so one reverse loop over the W columns serves every
   sequence at once, whether rows were padded or packed. γ = 1 (the LLM default) needs no loop at all.
-- Whitening uses only tokens on the mask (ALGORITHMS.md §22.4).
+- Whitening uses only tokens on the mask (docs/algorithms.md §22.4).
 
 Left out: REINFORCE++'s k2 per-token penalty variant (pick estimator="k2" when building the token rewards).
 """
@@ -42,7 +42,7 @@ TOKEN_REWARDS_HINT = (
 
 @ADVANTAGE_FNS.register("reinforceplusplus")
 def reinforceplusplus(inputs: AdvantageInputs, *, gamma: float = 1.0) -> tuple[Tensor, dict[str, float]]:
-    """REINFORCE++ (ALGORITHMS.md §8): returns-to-go of the token rewards, whitened over the batch.
+    """REINFORCE++ (docs/algorithms.md §8): returns-to-go of the token rewards, whitened over the batch.
 
     Ret_{i,t} = Σ_{s ≥ t, valid} γ^{s−t} rw_{i,s} (γ = 1: R_i − β Σ_{s≥t} k_s), then
     A = (Ret − mean_B) / sqrt(var_B + 1e-8) over all valid tokens of the batch (unbiased var). Works with

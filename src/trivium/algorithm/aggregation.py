@@ -1,11 +1,11 @@
-"""Loss aggregation (ALGORITHMS.md §1): how a per-token loss λ [R, L] becomes one scalar.
+"""Loss aggregation (docs/algorithms.md §1): how a per-token loss λ [R, L] becomes one scalar.
 
 Design decisions:
 - Every mode is linear in λ, so each is written as per-token weights w [R, L] and the loss is Σ w·λ.
 - The weights divide by the denominators of the whole optimiser mini-batch (``LossScale``, computed once
   before micro-batching). A micro-batch's loss is then its exact share of the mini-batch loss, and
   gradient accumulation (summing micro-batch losses) gives the same loss and gradient however the
-  mini-batch was split (ALGORITHMS.md §22.3). The one per-micro-batch quantity is n_i in
+  mini-batch was split (docs/algorithms.md §22.3). The one per-micro-batch quantity is n_i in
   seq-mean-token-mean, which is exact because a sequence is never split across micro-batches.
 - Per-sequence sums go through ``seq_index``, never through rows: padded and packed rows look the same.
 - Mixed batches (CHORD, §16) normalise each part by its own size: on-policy tokens U by |U| and expert
@@ -159,7 +159,7 @@ def seq_mean_token_sum_norm(
 def token_mean_per_part(
     mask: Tensor, seq_index: Tensor, scale: LossScale, *, is_expert: Tensor | None = None
 ) -> Tensor:
-    """Token-mean within each part (ALGORITHMS.md §16): U tokens by 1/|U|, expert tokens E by 1/|E|.
+    """Token-mean within each part (docs/algorithms.md §16): U tokens by 1/|U|, expert tokens E by 1/|E|.
 
     With the ``chord`` loss's λ = (1 − μ)·λ_RL on U and μ·λ_SFT on E this gives
     L = (1 − μ)·token-mean_U(λ_RL) + μ·token-mean_E(λ_SFT). Plain token-mean would instead weigh the

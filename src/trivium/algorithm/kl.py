@@ -1,4 +1,4 @@
-"""Per-token KL estimators of KL(π ‖ π_ref) from one sampled token (ALGORITHMS.md §2.1).
+"""Per-token KL estimators of KL(π ‖ π_ref) from one sampled token (docs/algorithms.md §2.1).
 
 With δ = ℓ − ℓref: k1 = δ (unbiased, can be negative, zero expected gradient as a loss), k2 = ½δ²
 (biased, ≥ 0, gradient δ∇ℓ), k3 = e^{−δ} + δ − 1 (unbiased, ≥ 0, the GRPO paper's choice; alias

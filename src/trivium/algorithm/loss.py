@@ -1,4 +1,4 @@
-"""The actor loss the trainer calls once per micro-batch (ALGORITHMS.md §2.3).
+"""The actor loss the trainer calls once per micro-batch (docs/algorithms.md §2.3).
 
 L_actor = agg(λ_policy) + β·agg(k(ℓ, ℓref)) − c_H·agg(H), every term with the same aggregation mode and the
 same mini-batch ``LossScale``, so the sum of this loss over the micro-batches of a mini-batch is the

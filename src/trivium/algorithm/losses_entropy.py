@@ -1,4 +1,4 @@
-"""Per-token entropy of the policy over the whole vocabulary (ALGORITHMS.md §2.2), for the entropy bonus.
+"""Per-token entropy of the policy over the whole vocabulary (docs/algorithms.md §2.2), for the entropy bonus.
 
 H = −Σ_v p_v log p_v = logsumexp(z) − Σ_v p_v z_v with p = softmax(z), z = logits / temperature: the
 second form needs one softmax and no log of small probabilities, so it stays finite for peaked

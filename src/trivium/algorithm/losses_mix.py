@@ -1,4 +1,4 @@
-"""CHORD (ALGORITHMS.md §16): one loss over a batch that mixes on-policy rollouts U and expert data E.
+"""CHORD (docs/algorithms.md §16): one loss over a batch that mixes on-policy rollouts U and expert data E.
 
 L = (1 − μ)·L_RL(U) + μ·L_SFT(E), L_RL = PPO clip with the given (GRPO) advantages, token-mean over U;
 L_SFT = −Σ_E m φ ℓ / Σ_E m, token-mean over E.

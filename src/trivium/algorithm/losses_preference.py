@@ -1,4 +1,4 @@
-"""DPO (ALGORITHMS.md §18): the sigmoid preference loss on summed sequence log-probs of explicit pairs.
+"""DPO (docs/algorithms.md §18): the sigmoid preference loss on summed sequence log-probs of explicit pairs.
 
 L = mean over pairs of −(1 − ε_ls)·log σ(βh) − ε_ls·log σ(−βh),
 h = [log π(y_w) − log π_ref(y_w)] − [log π(y_l) − log π_ref(y_l)].

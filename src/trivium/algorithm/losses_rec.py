@@ -1,4 +1,4 @@
-"""The REC family (ALGORITHMS.md §15): group-relative REINFORCE with a clip mask, a weight and a regulariser.
+"""The REC family (docs/algorithms.md §15): group-relative REINFORCE with a clip mask, a weight and a regulariser.
 
 λ_{i,t} = −M_{i,t}·W_{i,t}·A_{i,t}·ℓ_{i,t} + Reg_{i,t}, with M and W computed from detached ratios.
 

@@ -49,7 +49,7 @@ def to_tokens(per_seq: Tensor, seq_index: Tensor) -> Tensor:
 def gspo(
     inputs: PolicyLossInputs, *, clip_low: float = 3e-4, clip_high: float = 4e-4
 ) -> tuple[Tensor, dict[str, float]]:
-    """GSPO (ALGORITHMS.md §9), token form. Aggregation: **seq-mean-token-mean** (mandatory).
+    """GSPO (docs/algorithms.md §9), token form. Aggregation: **seq-mean-token-mean** (mandatory).
 
     s_i = exp((1/n_i) Σ_t m (ℓ − ℓold)), the geometric mean of the token ratios. Each token carries
     log s_{i,t} = sg[log s_i] + ℓ_{i,t} − sg[ℓ_{i,t}] (value log s_i, gradient ∇ℓ_{i,t}) and
@@ -81,7 +81,7 @@ def gspo(
 
 @POLICY_LOSS_FNS.register("topr")
 def topr(inputs: PolicyLossInputs, *, threshold: float = 0.0) -> tuple[Tensor, dict[str, float]]:
-    """TOPR (ALGORITHMS.md §12), the paper's sequence form. Aggregation: **seq-mean-token-sum**.
+    """TOPR (docs/algorithms.md §12), the paper's sequence form. Aggregation: **seq-mean-token-sum**.
 
     ρ_i = exp(Σ_t m (ℓ − ℓold)) (a sequence probability ratio, not length-normalised),
     α_i = 1 if A ≥ threshold else clip(ρ_i, 0, 1), λ_{i,t} = −sg[α_i]·A_{i,t}·ℓ_{i,t}; then
@@ -114,7 +114,7 @@ def topr_token(inputs: PolicyLossInputs, *, threshold: float = 0.0) -> tuple[Ten
 def ppo_seq(
     inputs: PolicyLossInputs, *, clip_low: float = 0.2, clip_high: float = 0.2
 ) -> tuple[Tensor, dict[str, float]]:
-    """PPO clip on the sequence ratio, RLOO's sequence form (ALGORITHMS.md §7). Aggregation:
+    """PPO clip on the sequence ratio, RLOO's sequence form (docs/algorithms.md §7). Aggregation:
     **seq-mean-token-mean**.
 
     ρ_i = exp(Σ_t m (ℓ − ℓold)) (not length-normalised), A_i = mean of A over the sequence's valid

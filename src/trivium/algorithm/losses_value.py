@@ -1,4 +1,4 @@
-"""PPO's clipped value loss for the critic (ALGORITHMS.md §3).
+"""PPO's clipped value loss for the critic (docs/algorithms.md §3).
 
 λ^V = ½·max((V − Ret)², (V^clip − Ret)²), V^clip = clip(V, V^old − ε_V, V^old + ε_V), aggregated like the
 policy loss (same modes, same mini-batch ``LossScale``) so gradient accumulation stays exact.

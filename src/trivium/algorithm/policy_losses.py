@@ -4,7 +4,7 @@ Design decisions:
 - A loss returns λ per token, not a scalar: the aggregation mode (``aggregation.py``) is chosen by the
   preset, and one place owns the mini-batch denominators.
 - Ratios are exp of a clamped log-prob difference and keep their gradient: on-policy ρ = 1 in value but
-  ∇ρ = ∇ℓ (ALGORITHMS.md §0.4); replacing ρ by 1 would silently zero the policy gradient.
+  ∇ρ = ∇ℓ (docs/algorithms.md §0.4); replacing ρ by 1 would silently zero the policy gradient.
 - Metrics are means over this micro-batch's masked tokens only (prompt, padding and tool tokens never
   count); the trainer averages them over micro-batches.
 
@@ -62,7 +62,7 @@ class PolicyLossInputs:
 def ppo_clip(
     inputs: PolicyLossInputs, *, clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float | None = None
 ) -> tuple[Tensor, dict[str, float]]:
-    """PPO clipped surrogate (ALGORITHMS.md §3), with DAPO's decoupled bounds (§6) and dual-clip.
+    """PPO clipped surrogate (docs/algorithms.md §3), with DAPO's decoupled bounds (§6) and dual-clip.
 
     λ = max(−Aρ, −A·clip(ρ, 1 − clip_low, 1 + clip_high)); with ``dual_clip = c`` and A < 0,
     λ = min(λ, −c·A). The gradient is zero where a clipped branch is active.
@@ -94,14 +94,14 @@ def ppo_clip(
 
 @POLICY_LOSS_FNS.register("sft")
 def sft(inputs: PolicyLossInputs) -> tuple[Tensor, dict[str, float]]:
-    """Masked negative log-likelihood λ = −ℓ (ALGORITHMS.md §17); advantages and old log-probs unused."""
+    """Masked negative log-likelihood λ = −ℓ (docs/algorithms.md §17); advantages and old log-probs unused."""
     nll = torch.where(inputs.mask, -inputs.logprobs, 0.0)
     return nll, {"sft/nll": float(masked_mean(nll.detach(), inputs.mask))}
 
 
 @POLICY_LOSS_FNS.register("is_pg")
 def is_pg(inputs: PolicyLossInputs) -> tuple[Tensor, dict[str, float]]:
-    """Importance-sampled policy gradient without clipping, λ = −ρ·A (ALGORITHMS.md §19).
+    """Importance-sampled policy gradient without clipping, λ = −ρ·A (docs/algorithms.md §19).
 
     The on-policy distillation loss: with A = λ_KL(ℓT − ℓold) its gradient on-policy is −A∇ℓ, the
     per-position reverse-KL gradient. Use ``ppo_clip`` for the clipped, more stable variant.
@@ -127,7 +127,7 @@ def cispo(
     mask_clip_low: float | None = None,
     mask_clip_high: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """CISPO (ALGORITHMS.md §10): λ = −sg[clip(ρ, 1 − clip_low, 1 + clip_high)]·A·ℓ.
+    """CISPO (docs/algorithms.md §10): λ = −sg[clip(ρ, 1 − clip_low, 1 + clip_high)]·A·ℓ.
 
     The IS weight is clipped and detached, the update itself is never clipped: every token keeps the
     gradient −w·A·∇ℓ (PPO would zero it outside its band). ``clip_low = 1`` puts the lower bound at 0,
@@ -164,7 +164,7 @@ def cispo(
 def sapo(
     inputs: PolicyLossInputs, *, tau_pos: float = 1.0, tau_neg: float = 1.05
 ) -> tuple[Tensor, dict[str, float]]:
-    """SAPO (ALGORITHMS.md §11): λ = −(4/τ)·σ(τ(ρ − 1))·A, τ = tau_pos if A > 0 else tau_neg.
+    """SAPO (docs/algorithms.md §11): λ = −(4/τ)·σ(τ(ρ − 1))·A, τ = tau_pos if A > 0 else tau_neg.
 
     A smooth gate instead of a hard clip. ρ keeps its gradient: ∇λ = −A·4σ(1 − σ)·ρ·∇ℓ, the plain policy
     gradient at ρ = 1 and smoothly smaller away from it (faster for the larger τ_neg, which damps
@@ -188,7 +188,7 @@ def sapo(
 
 @POLICY_LOSS_FNS.register("sppo")
 def sppo(inputs: PolicyLossInputs, *, epsilon: float = 0.3) -> tuple[Tensor, dict[str, float]]:
-    """sPPO (ALGORITHMS.md §13): λ = −A·log clip(ρ, 1/(1 + ε), 1 + ε).
+    """sPPO (docs/algorithms.md §13): λ = −A·log clip(ρ, 1/(1 + ε), 1 + ε).
 
     Gradient −A∇ℓ inside the band and 0 outside it, whatever the sign of A (PPO's clip is one-sided per
     sign). Clamping log ρ to ±log(1 + ε) is the same function with no exp. Aggregation: token-mean.

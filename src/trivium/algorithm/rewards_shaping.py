@@ -4,7 +4,7 @@ and DAPO's group filter.
 Design decisions:
 - Pure functions of tensors, plus two tiny β controllers (dataclasses with ``state_dict`` for checkpoints).
   The trainer decides when to call them; nothing here is registered, because there is one way to do each.
-- Token rewards ``rw [R, L]`` live on the loss mask (ALGORITHMS.md §2.1a): −β·k on every action token,
+- Token rewards ``rw [R, L]`` live on the loss mask (docs/algorithms.md §2.1a): −β·k on every action token,
   plus R_i on the *last action token* of sequence i, so Σ_t rw_{i,t} = R_i − β Σ_t k_{i,t}. The trainer
   passes that per-sequence sum as ``AdvantageInputs.rewards`` to sequence-level estimators (RLOO) and
   ``rw`` itself as ``token_rewards`` to token-level ones (GAE, REINFORCE++).
@@ -52,7 +52,7 @@ def kl_penalty_token_rewards(
     kl_coef: float,
     estimator: str = "k1",
 ) -> tuple[Tensor, dict[str, float]]:
-    """Token rewards with the KL penalty folded in (ALGORITHMS.md §2.1a).
+    """Token rewards with the KL penalty folded in (docs/algorithms.md §2.1a).
 
     rw_{i,t} = −β · k(ℓold_{i,t} − ℓref_{i,t}) on every action token, + R_i on the last action token of
     sequence i. ``rewards [N]``; ``mask``, ``seq_index``, ``old_logprobs``, ``ref_logprobs`` ``[R, L]``;
@@ -140,7 +140,7 @@ class FixedKLController:
 
 @dataclass
 class AdaptiveKLController:
-    """β steered towards a target KL (Ziegler et al., arXiv:1909.08593; ALGORITHMS.md §2.1a).
+    """β steered towards a target KL (Ziegler et al., arXiv:1909.08593; docs/algorithms.md §2.1a).
 
     e = clip(KL_obs / KL_target − 1, −0.2, 0.2);  β ← β · (1 + e · n_steps / horizon).
     The change is proportional and capped at ±20 % per ``horizon`` sequences, so β drifts smoothly; a β of
@@ -189,7 +189,7 @@ def kl_controller(coef: float, *, adaptive: bool, target: float, horizon: float)
 def overlong_penalty(
     response_lengths: Tensor, *, max_length: int, cache_length: int, factor: float = 1.0
 ) -> Tensor:
-    """DAPO's soft overlong penalty ``[N]`` (ALGORITHMS.md §6), to add to the task rewards.
+    """DAPO's soft overlong penalty ``[N]`` (docs/algorithms.md §6), to add to the task rewards.
 
     0 up to L_max − L_cache tokens, then a linear ramp ((L_max − L_cache) − |y|) / L_cache reaching −1 at
     |y| = L_max, and −1 beyond; times ``factor``. ``response_lengths [N]`` counts action tokens. E.g.
@@ -212,7 +212,7 @@ def overlong_penalty(
 def zero_variance_groups(rewards: Tensor, group_ids: Tensor) -> Tensor:
     """``[N]`` bool: True for every sequence whose group's rewards are all exactly equal.
 
-    DAPO's dynamic sampling (ALGORITHMS.md §6) keeps the others: an all-equal group has zero
+    DAPO's dynamic sampling (docs/algorithms.md §6) keeps the others: an all-equal group has zero
     group-relative advantage and only dilutes the batch. A group of one is marked too (it has no spread).
     """
     group, counts = _dense_groups(group_ids, "zero_variance_groups")

@@ -256,14 +256,14 @@ class KLLossConfig(StrictModel):
     coef: float = Field(0.0, ge=0.0)
     """β of the KL loss term; 0 turns it off (and no reference model is loaded)."""
     estimator: Literal["k1", "k2", "k3", "low_var_kl", "abs"] = "k3"
-    """KL estimator (ALGORITHMS.md §2.1)."""
+    """KL estimator (docs/algorithms.md §2.1)."""
 
 
 class KLPenaltyConfig(StrictModel):
     coef: float = Field(0.0, ge=0.0)
     """β of the KL penalty folded into token rewards (PPO, RLOO, REINFORCE++); 0 turns it off."""
     estimator: Literal["k1", "k2", "k3", "low_var_kl", "abs"] = "k1"
-    """KL estimator for the penalty (ALGORITHMS.md §2.1a)."""
+    """KL estimator for the penalty (docs/algorithms.md §2.1a)."""
     adaptive: bool = False
     """Adapt β towards target_kl (Ziegler et al.)."""
     target_kl: float = Field(0.1, gt=0.0)
@@ -331,7 +331,7 @@ class AlgorithmConfig(StrictModel):
     """Truncated importance sampling for samples drawn by older or mismatched rollout weights: advantages
     are scaled per token by min(π_trainer / π_rollout, cap). 0 = off; 2 is common. Use it off-policy."""
     entropy_coef: float = Field(0.0, ge=0.0)
-    """c_H of the entropy bonus (ALGORITHMS.md §2.2); 0 turns it off (and saves a [R, L, V] pass)."""
+    """c_H of the entropy bonus (docs/algorithms.md §2.2); 0 turns it off (and saves a [R, L, V] pass)."""
     teacher: str = "teacher"
     """Name of the auxiliary model that scores sampled tokens (on_policy_distill, jsd)."""
     critic: CriticConfig = Field(default_factory=CriticConfig)

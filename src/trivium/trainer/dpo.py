@@ -1,4 +1,4 @@
-"""DPO: preference pairs in, one optimizer step out (ALGORITHMS.md §18).
+"""DPO: preference pairs in, one optimizer step out (docs/algorithms.md §18).
 
 The reference model's summed log-probs are computed once per batch (no gradient), then the policy is
 trained over micro-batches of whole pairs; each micro-batch adds its pairs' share of the batch mean, so
