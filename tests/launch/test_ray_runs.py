@@ -1,6 +1,7 @@
 """cluster.backend: ray on a real Ray cluster the tests start (`ray start --head` on a free port, 2 CPUs):
 the same metrics as the local backend, several engines and DDP ranks, placements that cannot fit, killed
-engine actors restarted, a killed trainer rank ending the run, and decoupled processes joined to one cluster."""
+engine and explorer actors restarted, a killed trainer rank ending the run, and decoupled processes joined to
+one cluster."""
 
 import contextlib
 import json
@@ -75,8 +76,8 @@ def run(path, *extra, env=None, timeout=600):
     )
 
 
-def without(records, key):
-    return [{k: v for k, v in r.items() if k != key} for r in records]
+def without(records, *keys):
+    return [{k: v for k, v in r.items() if k not in keys} for r in records]
 
 
 @pytest.mark.integration
@@ -87,9 +88,31 @@ def test_one_engine_and_one_rank_on_ray_equal_the_local_backend(e2e, tmp_path, r
     on_ray = run(config(e2e, tmp_path, "ray", ray_cluster_cfg()))
     assert on_ray.returncode == 0, on_ray.stderr[-3000:]
     assert "Ray: joined the cluster" in on_ray.stderr and "Ray: placed grpo/rank-0 on node" in on_ray.stderr
-    got = without(read_metrics(tmp_path / "runs" / "e2e" / "ray"), "rollout/engine_restarts")
+    assert re.search(r"Ray: placed \S+/explorer-\d+ on node", on_ray.stderr)
+    got = read_metrics(tmp_path / "runs" / "e2e" / "ray")
+    got = without(got, "rollout/engine_restarts", "rollout/explorer_restarts")
     assert all(r["rollout/engine_peak_rss_mb"] > 0 for r in got if r["stage"] == "grpo" and "train/loss" in r)
     assert_same_records(got, read_metrics(tmp_path / "runs" / "e2e" / "local"))
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_an_explorer_actor_running_ahead_equals_the_local_backend(e2e, tmp_path, ray_cluster):
+    """sync_offset 1: the driver's explorer thread calls the actor for step s+1 while step s trains."""
+    e2e.write(tmp_path)
+    paths = [
+        config(e2e, tmp_path, name, c, grpo_steps=4) for name, c in (("la", {}), ("ra", ray_cluster_cfg()))
+    ]
+    for path in paths:
+        cfg = yaml.safe_load(path.read_text())
+        cfg["synchronizer"] = {"sync_offset": 1}
+        path.write_text(yaml.safe_dump(cfg))
+        result = run(path)
+        assert result.returncode == 0, result.stderr[-3000:]
+    got = without(
+        read_metrics(tmp_path / "runs" / "e2e" / "ra"), "rollout/engine_restarts", "rollout/explorer_restarts"
+    )
+    assert_same_records(got, read_metrics(tmp_path / "runs" / "e2e" / "la"))
 
 
 @pytest.mark.integration
@@ -104,6 +127,7 @@ def test_a_placement_that_cannot_fit_fails_at_once_naming_the_field(e2e, tmp_pat
         in result.stderr
     )
     assert time.monotonic() - t0 < 60  # no wait for a placement that can never happen
+    assert "Ray: placed" not in result.stderr  # checked before any actor started
 
 
 @pytest.mark.integration
@@ -183,6 +207,45 @@ def test_a_killed_trainer_rank_actor_ends_the_run_and_a_rerun_resumes(e2e, tmp_p
 
 @pytest.mark.integration
 @pytest.mark.slow
+def test_a_killed_explorer_actor_is_restarted_and_the_run_is_the_run_without_the_kill(
+    e2e, tmp_path, ray_cluster
+):
+    """The explorer actor is SIGKILLed during GRPO: Ray restarts it, the driver gives it the state of the last
+    finished step and runs the step again. Nothing of the dead attempt reached the buffer and the re-run
+    samples the same tasks with the same RNGs, so every step's metrics equal those of a local run that was
+    never killed: each experience was trained exactly once."""
+    e2e.write(tmp_path)
+    local = run(config(e2e, tmp_path, "calm", {}, grpo_steps=6))
+    assert local.returncode == 0, local.stderr[-3000:]
+    path = config(e2e, tmp_path, "killed", ray_cluster_cfg(), grpo_steps=6)
+    log = tmp_path / "killed.log"
+    with open(log, "w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trivium.cli", "run", "-c", str(path)], stderr=sink, stdout=sink, text=True
+        )
+    run_dir = tmp_path / "runs" / "e2e" / "killed"
+    try:
+        deadline = time.monotonic() + 600
+        while not any(r.get("stage") == "grpo" and r.get("step") == 2 for r in _records(run_dir)):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.05)
+        pid = int(re.search(r"/explorer-\d+ on node \S+ \(pid (\d+)\)", log.read_text()).group(1))
+        os.kill(pid, signal.SIGKILL)
+        assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
+    finally:
+        proc.kill()
+    text = log.read_text()
+    assert "the explorer actor" in text and "died during" in text and "restarted on node" in text
+    got = read_metrics(run_dir)
+    assert got[-1]["rollout/explorer_restarts"] == 1.0
+    assert_same_records(
+        without(got, "rollout/engine_restarts", "rollout/explorer_restarts", "rollout/engine_peak_rss_mb"),
+        read_metrics(tmp_path / "runs" / "e2e" / "calm"),
+    )
+
+
+@pytest.mark.integration
+@pytest.mark.slow
 def test_decoupled_explore_and_train_processes_on_one_cluster(
     tmp_path, tiny_model_dir, word_problem_dir, ray_cluster
 ):
@@ -204,6 +267,7 @@ def test_decoupled_explore_and_train_processes_on_one_cluster(
     assert train.returncode == 0, train.stderr[-3000:]
     assert explore.returncode == 0, explore_err[-3000:]
     assert "placed pair/engines-0/0" in explore_err and "placed main/rank-0" in train.stderr
+    assert "placed pair/explorer-0" in explore_err
     records = read_metrics(tmp_path / "runs" / "decoupled" / "pair")
     assert [r["rollout/model_version"] for r in records if r.get("role") == "explore"] == [0, 1, 2]
     assert [r["step"] for r in records if r.get("role") == "train"] == [1, 2, 3]

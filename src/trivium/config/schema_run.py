@@ -37,12 +37,15 @@ class ClusterConfig(StrictModel):
 
     backend: Literal["local", "ray"] = "local"
     """local: everything in `trivium run` and the trainer-rank processes it starts (no Ray needed); ray:
-    rollout engines and trainer ranks are Ray actors placed on a Ray cluster."""
+    the explorer, rollout engines and trainer ranks are Ray actors placed on a Ray cluster."""
     address: str | None = None
     """ray: None = start a Ray instance for this run on this machine; 'auto' = join the cluster this
     machine belongs to (`ray start --head` / `ray start --address ...`); 'HOST:PORT' = that cluster."""
     namespace: str = ""
     """ray: the namespace of this run's named actors; empty = trivium/{project}/{name}."""
+    explorer: ActorResources = Field(default_factory=lambda: ActorResources(num_cpus=0.0))
+    """ray: resources of the explorer actor (on the driver's node). Its workflow threads are light (the engines
+    sample), so by default it reserves nothing."""
     engine: ActorResources = Field(default_factory=ActorResources)
     """ray: resources of each rollout engine actor (explorer.engine_num of them)."""
     trainer_rank: ActorResources = Field(default_factory=ActorResources)
@@ -52,7 +55,8 @@ class ClusterConfig(StrictModel):
     """ray: an actor or placement group not ready after this long is an error naming it and what the
     cluster has (a request that cannot fit at all is refused before anything starts)."""
     max_restarts: int = Field(3, ge=0, le=1000)
-    """ray: times a rollout engine actor that dies is restarted (its requests are sent again)."""
+    """ray: times a rollout engine or explorer actor that dies is restarted (its requests, or its step, are
+    sent again)."""
 
 
 class MonitorConfig(StrictModel):

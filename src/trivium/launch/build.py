@@ -315,16 +315,29 @@ def make_trainer(cfg: TriviumConfig, model: torch.nn.Module, pad_token_id: int, 
     )
 
 
-def make_explorer(cfg: TriviumConfig, state, taskset=None, queue=None, failure_log: Path | None = None):
-    """An explorer over a rollout copy of ``state.model``; ``queue``: anything with ``put(experiences)``.
+def make_explorer(
+    cfg: TriviumConfig, state, taskset=None, queue=None, failure_log: Path | None = None, *, model=None
+):
+    """An explorer over a rollout copy of ``state.model`` (or over ``model``, a rollout model already
+    built); ``queue``: anything with ``put(experiences)``.
 
-    ``failure_log``: a JSONL file that gets one line per failed task or episode."""
+    ``failure_log``: a JSONL file that gets one line per failed task or episode. With ``cluster.backend:
+    ray`` an explorer of a task set runs as a Ray actor (``launch/ray_explorer.py``) and this returns its
+    stand-in; an evaluation-only explorer stays in this process."""
     from trivium.explorer.explorer import Explorer
     from trivium.faults import FaultInjector, FaultRates
 
     rates = FaultRates.from_config(cfg.faults)
     rollout_params, eval_params = sampling_params(cfg)
-    model = build_rollout_model(state.model, state.tokenizer, cfg, state.version)
+    if model is None:
+        model = build_rollout_model(state.model, state.tokenizer, cfg, state.version)
+        if cfg.cluster.backend == "ray" and taskset is not None:
+            from trivium.launch.ray_cluster import RayCluster
+            from trivium.launch.ray_explorer import RemoteExplorer
+
+            log_path = None if failure_log is None else str(failure_log)
+            cluster = RayCluster.current()
+            return RemoteExplorer.start(cluster, cfg, model, queue, log_path, state.config_dir, cfg.name)
     evals = [task_reader(ts, cfg.seed, is_eval=True) for ts in cfg.buffer.eval_tasksets]
     return Explorer(
         model,

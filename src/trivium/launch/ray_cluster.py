@@ -1,12 +1,13 @@
 """The Ray side of ``cluster.backend: ray``: connecting, checking that requests fit, placing actors.
 
-``trivium run`` stays the driver: it runs the explorer's workflows, the train loop and the weight sync,
-and places the heavy parts as Ray actors: every rollout engine (``ray_engines.py``) and every trainer rank
-(``ray_trainer.py``, one placement-group bundle each). Only ``launch/`` imports Ray.
+``trivium run`` stays the driver: it runs the train loop, the buffer and the weight sync, and places the
+other roles as Ray actors: the explorer (``ray_explorer.py``, on the driver's node), every rollout engine
+(``ray_engines.py``) and every trainer rank (``ray_trainer.py``, one placement-group bundle each). Only
+``launch/`` imports Ray.
 
 Placement never hangs silently:
 - before anything starts, every request (``cluster.engine`` x ``explorer.engine_num``, ``cluster.trainer_rank``
-  x ``trainer.world_size``) is checked against the cluster's totals and its largest node; a request that
+  x ``trainer.world_size``, ``cluster.explorer``) is checked against the cluster's totals and its largest node; a request that
   cannot fit is a ``ClusterError`` naming the config field and what the cluster has;
 - a placement group or an actor that is not ready within ``cluster.start_timeout_s`` (still PENDING: the
   cluster is busy, or a node went away) is an error naming it, its request and what is free;
@@ -171,11 +172,15 @@ class RayCluster:
         return group
 
     def start(self, role: str, cls: type, name: str, resources, args: Sequence[Any], *, group=None, bundle=None,
-              max_restarts: int = 0) -> Any:  # fmt: skip
+              max_restarts: int = 0, on_this_node: bool = False) -> Any:  # fmt: skip
         """Start actor ``name`` (class ``cls``, a plain class made remote here) and wait until it answers
-        ``ready()``; returns its handle. ``group``/``bundle``: its place in a placement group."""
+        ``ready()``; returns its handle. ``group``/``bundle``: its place in a placement group;
+        ``on_this_node``: on the driver's node (it reads and writes the driver's files)."""
         import ray
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        from ray.util.scheduling_strategies import (
+            NodeAffinitySchedulingStrategy,
+            PlacementGroupSchedulingStrategy,
+        )
 
         options: dict[str, Any] = {
             "name": f"{name}@{os.getpid()}",
@@ -188,6 +193,9 @@ class RayCluster:
             options["memory"] = int(resources.memory_gb * 2**30)
         if group is not None:
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(group, bundle)
+        elif on_this_node:
+            node = ray.get_runtime_context().get_node_id()
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
         actor = ray.remote(cls).options(**options).remote(*args)
         try:
             where = ray.get(actor.ready.remote(), timeout=self.cfg.start_timeout_s)
@@ -223,6 +231,20 @@ class RayCluster:
         if self.started_here:
             ray.shutdown()
         _CURRENT = None
+
+
+def stage_requests(cfg) -> list[Request]:
+    """What a stage of mode ``cfg.mode`` places: engines where it samples or evaluates, the explorer actor
+    where it explores, trainer ranks where it trains."""
+    explores = cfg.mode in ("both", "explore")
+    out = []
+    if explores or cfg.buffer.eval_tasksets or cfg.mode == "bench":
+        out.append(Request("cluster.engine", cfg.cluster.engine, cfg.explorer.engine_num))
+    if explores:
+        out.append(Request("cluster.explorer", cfg.cluster.explorer, 1))
+    if cfg.mode in ("both", "train"):
+        out.append(Request("cluster.trainer_rank", cfg.cluster.trainer_rank, cfg.trainer.world_size))
+    return out
 
 
 def quiet_actor() -> None:

@@ -11,6 +11,10 @@ An engine actor that dies (its process killed, out of memory) is restarted by Ra
 (``cluster.max_restarts``); the pool then loads the newest weights into it again and sends the failed
 shard once more, so every request of a step is answered, counted in ``rollout/engine_restarts``. A
 restarted engine's sampling RNG starts afresh: a run with a restart is not bit-reproducible.
+
+With the explorer as an actor (``ray_explorer.py``), two pools share the engine actors: the driver's
+loads each sync's weights (``update_weights``), the explorer actor's samples and is told which weights are
+the newest (``follow``), so either can bring a restarted engine back.
 """
 
 from __future__ import annotations
@@ -79,10 +83,9 @@ class EngineActor:
 class EnginePool:
     """``RolloutModel`` over ``engine_num`` engine actors (see the module docstring)."""
 
-    def __init__(
-        self, cluster: RayCluster, actors: list[Any], tokenizer, dtype: torch.dtype, meta: dict, version: int
-    ):
-        self.cluster, self.actors = cluster, actors
+    def __init__(self, cfg, actors: list[Any], tokenizer, dtype: torch.dtype, meta: dict, version: int):
+        """``cfg``: the ``cluster`` section (restarts and timeouts); ``meta``: max_length and eos_ids."""
+        self.cfg, self.actors, self.meta = cfg, actors, meta
         self._tokenizer, self._dtype = tokenizer, dtype
         self.max_length, self.eos_ids = meta["max_length"], meta["eos_ids"]
         self.version = version
@@ -123,7 +126,7 @@ class EnginePool:
             "eos_ids": eos_token_ids(tokenizer, policy.generation_config, "EnginePool"),
         }
         dtype = next(policy.parameters()).dtype if r.dtype is None else getattr(torch, r.dtype)
-        pool = cls(cluster, actors, tokenizer, dtype, meta, version)
+        pool = cls(cluster.cfg, actors, tokenizer, dtype, meta, version)
         pool.update_weights(policy.state_dict(), version)  # the starting weights, through the object store
         return pool
 
@@ -151,6 +154,17 @@ class EnginePool:
         self._weights = (ref, version)  # a restarted engine gets these too
         self._each(lambda i, actor: actor.update_weights.remote(ref, version))
         self.version = version
+
+    def follow(self, ref, version: int) -> None:
+        """Another pool over the same engines (the explorer actor's) loaded weights ``ref`` of ``version``
+        into them: a restarted engine gets these, and ``version`` is what is sampled now."""
+        self._weights, self.version = (ref, version), version
+
+    def newest(self) -> tuple[Any, int]:
+        """The object ref and version of the newest weights loaded into the engines."""
+        if self._weights is None:
+            raise RuntimeError("EnginePool.newest: no weights were loaded into the engines yet")
+        return self._weights
 
     def weights_checksum(self) -> str:
         sums = list(self._each(lambda i, actor: actor.weights_checksum.remote()).values())
@@ -204,10 +218,10 @@ class EnginePool:
                 del refs[i]
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as error:
                 failures += 1
-                if failures > self.cluster.cfg.max_restarts:
+                if failures > self.cfg.max_restarts:
                     raise ClusterError(
                         f"rollout engines died {failures} time(s) in one call; cluster.max_restarts="
-                        f"{self.cluster.cfg.max_restarts} reached (last: engine {i}, {type(error).__name__})"
+                        f"{self.cfg.max_restarts} reached (last: engine {i}, {type(error).__name__})"
                     ) from error
                 self._recover(i, error)
                 refs[i] = call(i, self.actors[i])
@@ -220,7 +234,7 @@ class EnginePool:
         self.restarts += 1
         log.warning("rollout engine %d died (%s): waiting for its restart", i, type(error).__name__)
         actor = self.actors[i]
-        deadline = time.monotonic() + self.cluster.cfg.start_timeout_s
+        deadline = time.monotonic() + self.cfg.start_timeout_s
         while True:  # "unavailable" while Ray restarts it; "died" once it gave up
             try:
                 ray.get(actor.ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
@@ -229,7 +243,7 @@ class EnginePool:
                 if time.monotonic() > deadline:
                     raise ClusterError(
                         f"rollout engine {i} was not restarted within cluster.start_timeout_s="
-                        f"{self.cluster.cfg.start_timeout_s:g} s"
+                        f"{self.cfg.start_timeout_s:g} s"
                     ) from error
                 time.sleep(0.5)
             except ray.exceptions.RayError as again:

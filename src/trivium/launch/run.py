@@ -87,6 +87,11 @@ def run(run_cfg: RunConfig, overwrite: bool = False, resume: bool = True) -> Pat
 
         cluster = RayCluster.connect(run_cfg.config, state.config_dir)
     try:
+        if cluster is not None:
+            from trivium.launch.ray_cluster import stage_requests
+
+            for stage in run_cfg.stages:  # every stage's requests, before any actor starts
+                cluster.check_fits(stage_requests(stage.config))
         for i, stage in enumerate(run_cfg.stages):
             if point is not None and i < point.stage_index:
                 continue  # finished before the checkpoint we resume from
@@ -96,7 +101,8 @@ def run(run_cfg: RunConfig, overwrite: bool = False, resume: bool = True) -> Pat
             with doctor or contextlib.nullcontext():
                 run_stage(stage, run_dir, writer, state)
             if cluster is not None:
-                cluster.kill("engine")  # a stage's rollout engines end with it
+                cluster.kill("explorer")  # a stage's explorer and rollout engines end with it
+                cluster.kill("engine")
     finally:
         writer.close()
         if cluster is not None:

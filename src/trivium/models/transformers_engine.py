@@ -212,7 +212,8 @@ class TransformersEngine:
                 state.get("engine", "unknown"),
             )
             return
-        self.generator.set_state(state["generator"])
+        with self._lock:  # after a batch still running (one sent by an explorer that has since died)
+            self.generator.set_state(state["generator"])
 
     # ------------------------------------------------------------------------------------------ decode loop
     def _decode(
