@@ -518,3 +518,38 @@ def test_trivium_run_sft_then_grpo_with_vllm(tmp_path: Path) -> None:
     mismatch = max(r["mismatch/logprob_abs_max"] for r in grpo)
     print(f"e2e with vLLM: max |rollout - trainer| log-prob over {len(grpo)} GRPO steps: {mismatch:.2e}")
     assert mismatch < 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_vllm_engines_in_ray_actors(tmp_path: Path) -> None:
+    """cluster.backend ray with engine_type vllm: each engine actor starts vLLM on its randomly initialised
+    model and loads the trainer's weights in place through the object store; the GRPO stage samples from
+    it (through the explorer actor), every sync is verified and the rollout log-probs match the trainer's."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from trivium.monitor.metrics import read_metrics
+
+    pytest.importorskip("ray")
+    task = _launch_conftest()
+    task.write_task(tmp_path)
+    cfg = task.config(tmp_path, grpo_steps=4)
+    cfg["stages"][0]["buffer"]["total_steps"] = 30
+    cfg["explorer"]["rollout"]["engine_type"] = "vllm"
+    cfg["cluster"] = {"backend": "ray", "engine": {"num_cpus": 1}, "trainer_rank": {"num_cpus": 1}}
+    cfg_path = tmp_path / "run.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    result = subprocess.run(
+        [sys.executable, "-m", "trivium.cli", "run", "-c", str(cfg_path)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "Ray: placed codes/engines-" in result.stderr and "/explorer-0 on node" in result.stderr
+    grpo = [r for r in read_metrics(tmp_path / "runs" / "e2e" / "codes") if r["stage"] == "grpo"]
+    assert len(grpo) == 4 and all("sync/checksum_seconds" in r for r in grpo)
+    assert max(r["mismatch/logprob_abs_max"] for r in grpo) < 1e-3

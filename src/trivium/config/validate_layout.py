@@ -56,15 +56,6 @@ def _check_cluster(cfg: TriviumConfig, at) -> list[Problem]:
                 "leave it empty (start Ray for this run), 'auto' (join this machine's cluster) or HOST:PORT",
             )
         )
-    if cfg.explorer.rollout.engine_type != "transformers":
-        out.append(
-            Problem(
-                at("explorer.rollout.engine_type"),
-                cfg.explorer.rollout.engine_type,
-                "cluster.backend ray runs the transformers engine in its actors (vLLM in Ray actors is not built)",
-                "use engine_type: transformers with backend ray, or backend: local for vLLM",
-            )
-        )
     return out
 
 

@@ -41,16 +41,25 @@ _POOLS = itertools.count()  # engine actor names stay unique within a run's name
 class EngineActor:
     """One rollout engine (a Ray actor): the same ``generate`` / ``update_weights`` as the in-process one."""
 
-    def __init__(self, config, tokenizer, engine_args: dict):
+    def __init__(self, config, tokenizer, engine_type: str, engine_args: dict):
         """The model from its config alone: the weights arrive by ``update_weights`` (after a restart too),
-        so constructor arguments stay small and never point at an object that may go out of scope."""
+        so constructor arguments stay small and never point at an object that may go out of scope.
+        ``engine_type`` vllm: vLLM starts on the randomly initialised model (it loads from a folder) and
+        the first ``update_weights`` loads the real weights in place."""
         from transformers import AutoModelForCausalLM
 
         from trivium.launch.ray_cluster import quiet_actor
-        from trivium.models.transformers_engine import TransformersEngine
 
         quiet_actor()
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        if engine_type == "vllm":
+            from trivium.models.vllm_engine import VllmEngine
+
+            self.engine = VllmEngine.from_policy(model, tokenizer, version=-1, **engine_args)
+            del model
+            return
+        from trivium.models.transformers_engine import TransformersEngine
+
         self.engine = TransformersEngine(model, tokenizer, **engine_args)
 
     def ready(self) -> dict[str, Any]:
@@ -105,19 +114,23 @@ class EnginePool:
         pool_id = next(_POOLS)
         actors = []
         for i in range(n):
-            args = {
-                "device": "cuda" if cfg.cluster.engine.num_gpus > 0 else "cpu",
-                "dtype": r.dtype or cfg.model.dtype,
-                "seed": cfg.seed + i,  # engine 0 samples as the in-process engine would
-                "autocast_dtype": r.autocast_dtype,
-            }
+            args = {"dtype": r.dtype or cfg.model.dtype, "seed": cfg.seed + i}  # engine 0: as in-process
+            if r.engine_type == "vllm":
+                args |= {
+                    "kv_cache_gb": r.vllm_kv_cache_gb,
+                    "gpu_memory_utilization": r.vllm_gpu_memory_utilization,
+                    "enforce_eager": r.vllm_enforce_eager,
+                }
+            else:
+                device = "cuda" if cfg.cluster.engine.num_gpus > 0 else "cpu"
+                args |= {"device": device, "autocast_dtype": r.autocast_dtype}
             actors.append(
                 cluster.start(
                     "engine",
                     EngineActor,
                     f"{stage}/engines-{pool_id}/{i}",
                     cfg.cluster.engine,
-                    (policy.config, tokenizer, args),
+                    (policy.config, tokenizer, r.engine_type, args),
                     max_restarts=cfg.cluster.max_restarts,
                 )
             )
