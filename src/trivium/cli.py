@@ -1,4 +1,4 @@
-"""The ``trivium`` command line: run | check-config | convert | make-tiny | plot | check-template.
+"""The ``trivium`` command line: run | check-config | convert | make-tiny | plot | check-template | studio.
 
 Heavy imports (torch, transformers) happen inside the commands, so ``trivium --help`` is instant. Every
 option has a help text (tests/test_cli_basics.py checks it).
@@ -115,7 +115,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_check_template)
 
+    p = sub.add_parser(
+        "studio", help="web UI: build configs, launch, watch and compare runs (docs/studio.md)"
+    )
+    p.add_argument("--root", default="runs", help="the runs folder Studio reads and launches into (runs)")
+    p.add_argument(
+        "--configs",
+        action="append",
+        default=None,
+        help="a folder of configs to list, edit and launch; repeatable (default: the current folder)",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1; others need --token)")
+    p.add_argument("--port", type=int, default=8420, help="port (8420)")
+    p.add_argument("--token", default=None, help="access token the page must present; 'auto': a random one")
+    p.set_defaults(func=_cmd_studio)
+
     return parser
+
+
+def _cmd_studio(args) -> int:
+    from trivium.studio.server import studio_main
+
+    return studio_main(args.root, args.configs or ["."], args.host, args.port, args.token)
 
 
 def _add_set(p: argparse.ArgumentParser) -> None:

@@ -25,7 +25,9 @@ from trivium.launch.doctor import stall_doctor
 from trivium.launch.loop import RunState
 from trivium.launch.resume import find_resume_point
 from trivium.launch.runtime import apply_threads
+from trivium.launch.stopping import RunStopped
 from trivium.monitor.metrics import METRICS_FILE, MetricsWriter, RunProgress
+from trivium.monitor.status import recorded
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +83,15 @@ def run(run_cfg: RunConfig, overwrite: bool = False, resume: bool = True) -> Pat
         log.info("run folder %s holds a run: continuing it from its newest checkpoint", run_dir)
     # the processes of a decoupled run each write a metrics file of their own
     writer = MetricsWriter(run_dir, role=modes if shared else None, progress=progress)
+    # status.json: running, then finished / stopped / failed (trivium studio and scripts read it)
+    with recorded(run_dir, writer.role, (RunStopped, KeyboardInterrupt), config=run_cfg.source, stages=names):
+        _run_stages(run_cfg, run_dir, writer, state, point, progress)
+    log.info("run finished: %s", run_dir)
+    return run_dir
+
+
+def _run_stages(run_cfg: RunConfig, run_dir: Path, writer, state: RunState, point, progress) -> None:
+    """The stages from the resume point on, on the Ray cluster when ``cluster.backend`` is ray."""
     cluster = None
     if run_cfg.config.cluster.backend == "ray":
         from trivium.launch.ray_cluster import RayCluster
@@ -107,8 +118,6 @@ def run(run_cfg: RunConfig, overwrite: bool = False, resume: bool = True) -> Pat
         writer.close()
         if cluster is not None:
             cluster.close()
-    log.info("run finished: %s", run_dir)
-    return run_dir
 
 
 def _check_data(stage: Stage) -> int | None:

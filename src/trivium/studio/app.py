@@ -1,0 +1,231 @@
+"""The Studio web app: a JSON API over the run folders and config folders, and the page that uses it.
+
+Stack (docs/studio.md says why): FastAPI + uvicorn, already trivium's server for the OpenAI-compatible
+endpoint, and one page of plain HTML, CSS and JavaScript modules served from the package (no build step,
+no CDN, nothing fetched from the network: it works offline and in a locked-down cluster).
+
+Every path in a request goes through ``Guard`` (``files.py``); errors answer ``{"error": ...}`` with 403
+(outside the allowed folders), 404 (no such run or file), 409 (the run's state forbids it) or 422 (a config
+with problems, each with its field path, rule and fix).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, Field
+
+from trivium.config.errors import ConfigError
+from trivium.studio import runs as run_control
+from trivium.studio.files import Guard, OutsideError, list_runs, run_summary
+
+__all__ = ["create_app"]
+
+STATIC = Path(__file__).parent / "static"
+MAX_TEXT = 1_000_000  # a config sent to validate or save (bytes)
+
+
+class ConfigText(BaseModel):
+    text: str = Field(max_length=MAX_TEXT)
+    folder: str | None = None  # relative paths in the config are taken from this config folder
+
+
+class SaveRequest(BaseModel):
+    path: str = Field(max_length=4096)
+    text: str = Field(max_length=MAX_TEXT)
+
+
+class LaunchRequest(BaseModel):
+    config: str = Field(max_length=4096)
+    overrides: list[str] = Field(default_factory=list, max_length=64)
+
+
+def create_app(root: str | Path, config_dirs: list[str | Path], token: str | None = None) -> FastAPI:
+    guard = Guard.of(root, config_dirs)
+    app = FastAPI(title="trivium studio", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.guard = guard
+
+    @app.middleware("http")
+    async def access_token(request: Request, call_next):
+        if token is None:
+            return await call_next(request)
+        given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        given = given or request.cookies.get("trivium_studio", "") or request.query_params.get("token", "")
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            return JSONResponse({"error": "this Studio needs its access token: open the URL it printed"}, 401)
+        response = await call_next(request)
+        if request.query_params.get("token"):
+            response.set_cookie("trivium_studio", token, httponly=True, samesite="strict")
+        return response
+
+    @app.exception_handler(OutsideError)
+    async def _outside(request, error):
+        return JSONResponse({"error": str(error)}, 403)
+
+    @app.exception_handler(FileNotFoundError)
+    async def _missing(request, error):
+        return JSONResponse({"error": str(error)}, 404)
+
+    @app.exception_handler(run_control.Conflict)
+    async def _conflict(request, error):
+        return JSONResponse({"error": str(error)}, 409)
+
+    @app.exception_handler(ConfigError)
+    async def _config(request, error):
+        return JSONResponse({"error": str(error).splitlines()[0], "problems": _problems(error)}, 422)
+
+    @app.get("/")
+    def index() -> FileResponse:
+        return FileResponse(STATIC / "index.html")
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    @app.get("/api/info")
+    def info() -> dict[str, Any]:
+        from trivium import __version__
+
+        return {
+            "version": __version__,
+            "root": str(guard.root),
+            "configs": [str(d) for d in guard.config_dirs],
+        }
+
+    @app.get("/api/schema")
+    def schema() -> dict[str, Any]:
+        from trivium.config.schema import TriviumConfig
+
+        return TriviumConfig.model_json_schema()
+
+    @app.post("/api/validate")
+    def validate(body: ConfigText) -> dict[str, Any]:
+        """The config's problems (each on its field), through the same checks as ``trivium check-config``."""
+        return _validate(guard, body.text, body.folder)
+
+    @app.get("/api/configs")
+    def configs() -> list[dict[str, str]]:
+        out = []
+        for folder in guard.config_dirs:
+            for path in sorted(folder.rglob("*.y*ml"))[:500]:
+                if path.suffix in (".yaml", ".yml") and not any(p.startswith(".") for p in path.parts):
+                    out.append(
+                        {"path": str(path), "name": str(path.relative_to(folder)), "folder": str(folder)}
+                    )
+        return out
+
+    @app.get("/api/configs/read")
+    def read_config(path: str) -> PlainTextResponse:
+        return PlainTextResponse(guard.inside(path, "configs").read_text(encoding="utf-8"))
+
+    @app.get("/api/configs/parsed")
+    def parsed_config(path: str) -> dict[str, Any]:
+        """A config file as data, for the builder's form."""
+        from trivium.config.safe_yaml import load_yaml
+
+        return load_yaml(guard.inside(path, "configs"))
+
+    @app.post("/api/configs/save")
+    def save_config(body: SaveRequest) -> dict[str, Any]:
+        """Write a config into a config folder (YAML that parses to a mapping); its problems come back too."""
+        path = guard.inside(body.path, "configs")
+        if path.suffix not in (".yaml", ".yml"):
+            raise run_control.Conflict(f"{body.path!r}: a config file name ends with .yaml")
+        checked = _validate(guard, body.text, str(path.parent))
+        if checked["parse_error"]:
+            raise run_control.Conflict(f"not saved: {checked['problems'][0]['rule']}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(body.text, encoding="utf-8")
+        return {"saved": str(path), **checked}
+
+    @app.get("/api/runs")
+    def runs() -> list[dict[str, Any]]:
+        return list_runs(guard)
+
+    @app.get("/api/run")
+    def run(id: str) -> dict[str, Any]:
+        return run_summary(guard, guard.run_dir(id))
+
+    @app.get("/api/run/metrics")
+    def metrics(id: str) -> Response:
+        folder = guard.run_dir(id)
+        lines = []
+        for path in [folder / "metrics.jsonl", *sorted(folder.glob("metrics.*.jsonl"))]:
+            if path.exists():
+                lines += [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        return Response("[" + ",".join(_complete(lines)) + "]", media_type="application/json")
+
+    @app.get("/api/run/config")
+    def run_config(id: str) -> PlainTextResponse:
+        folder = guard.run_dir(id)
+        found = sorted(folder.glob("resolved_config*.yaml"))
+        if not found:
+            raise FileNotFoundError(f"run {id} has no resolved_config.yaml yet")
+        return PlainTextResponse("\n".join(p.read_text(encoding="utf-8") for p in found))
+
+    @app.get("/api/run/log")
+    def run_log(id: str) -> dict[str, Any]:
+        folder = guard.run_dir(id)
+        failures = folder / "failures.jsonl"
+        tail = failures.read_text(encoding="utf-8").splitlines()[-50:] if failures.exists() else []
+        return {"log": run_control.log_tail(guard, id), "failures": [json.loads(x) for x in _complete(tail)]}
+
+    @app.post("/api/runs/launch")
+    def launch(body: LaunchRequest) -> dict[str, Any]:
+        return run_control.launch(guard, body.config, body.overrides)
+
+    @app.post("/api/run/stop")
+    def stop(id: str) -> dict[str, Any]:
+        return run_control.stop(guard, id)
+
+    return app
+
+
+def _complete(lines: list[str]) -> list[str]:
+    """JSON lines that parse (the last one may be half written while a run appends)."""
+    out = []
+    for line in lines:
+        try:
+            json.loads(line)
+        except ValueError:
+            continue
+        out.append(line)
+    return out
+
+
+def _problems(error: ConfigError) -> list[dict[str, Any]]:
+    return [
+        {"path": p.path, "value": repr(p.value)[:200], "rule": p.rule, "fix": p.fix} for p in error.problems
+    ]
+
+
+def _validate(guard: Guard, text: str, folder: str | None) -> dict[str, Any]:
+    """``{ok, problems, parse_error, stages}`` for a config's YAML text."""
+    from trivium.config.load import validate_raw
+    from trivium.config.safe_yaml import safe_yaml
+
+    base = guard.inside(folder, "configs") if folder else (guard.config_dirs or (guard.root,))[0]
+    try:
+        raw = safe_yaml(text, "the config")
+    except ConfigError as error:
+        return {"ok": False, "parse_error": True, "problems": _problems(error), "stages": []}
+    except Exception as error:  # yaml.YAMLError and what the safe loader refuses
+        problem = {"path": "", "value": "", "rule": f"not valid YAML: {error}", "fix": "fix the YAML"}
+        return {"ok": False, "parse_error": True, "problems": [problem], "stages": []}
+    if not isinstance(raw, dict):
+        problem = {
+            "path": "",
+            "value": type(raw).__name__,
+            "rule": "a config is a mapping",
+            "fix": "key: value lines",
+        }
+        return {"ok": False, "parse_error": True, "problems": [problem], "stages": []}
+    try:
+        run_cfg = validate_raw(raw, base_dir=base, source="the config")
+    except ConfigError as error:
+        return {"ok": False, "parse_error": False, "problems": _problems(error), "stages": []}
+    return {"ok": True, "parse_error": False, "problems": [], "stages": [s.name for s in run_cfg.stages]}

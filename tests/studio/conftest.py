@@ -1,0 +1,77 @@
+"""A real Studio server on 127.0.0.1 (uvicorn in a thread) over a runs root and a config folder holding the
+end-to-end tests' tiny task (tests/launch/conftest.py): SFT for a few steps, then GRPO."""
+
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+import yaml
+from tests.launch.conftest import config, write_task
+
+from trivium.studio.app import create_app
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Studio:
+    def __init__(self, root, configs, token=None):
+        self.root, self.configs, self.token = root, configs, token
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        app = create_app(root, [configs], token)
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert time.monotonic() < deadline, "Studio did not start"
+            time.sleep(0.05)
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        self.http = httpx.Client(base_url=self.url, timeout=60, headers=headers)
+        return self
+
+    def __exit__(self, *exc):
+        self.http.close()
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+def tiny_run_config(folder, name="tiny", sft_steps=4, grpo_steps=3):
+    """The tiny task's data and a two-stage config in ``folder``; returns the config path."""
+    write_task(folder)
+    cfg = config(folder, grpo_steps=grpo_steps)
+    cfg["name"] = name
+    cfg["stages"][0]["buffer"]["total_steps"] = sft_steps
+    cfg["checkpoint_root"] = "runs"
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def studio(tmp_path):
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    with Studio(tmp_path / "runs", configs) as s:
+        yield s
+
+
+def wait_for(predicate, timeout=240, every=0.3, what="the condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(every)

@@ -1,0 +1,120 @@
+"""Studio's API on a real server: paths outside its folders, invalid configs, launches and stops that do not
+fit the run's state, the access token, and a run launched, watched and finished."""
+
+import json
+import subprocess
+import sys
+
+import yaml
+from tests.studio.conftest import Studio, tiny_run_config, wait_for
+
+from trivium.monitor.status import read_status
+
+
+def test_paths_outside_the_root_and_config_folders_are_refused(studio, tmp_path):
+    secret = tmp_path / "secret.yaml"
+    secret.write_text("project: x\n")
+    for url in (
+        f"/api/configs/read?path={secret}",
+        "/api/configs/read?path=../secret.yaml",
+        "/api/run?id=../configs",
+        "/api/run/metrics?id=/etc",
+    ):
+        answer = studio.http.get(url)
+        assert answer.status_code == 403, (url, answer.text)
+        assert "outside the folders Studio may use" in answer.json()["error"]
+    saved = studio.http.post(
+        "/api/configs/save", json={"path": str(tmp_path / "evil.yaml"), "text": "a: 1\n"}
+    )
+    assert saved.status_code == 403 and not (tmp_path / "evil.yaml").exists()
+    launched = studio.http.post("/api/runs/launch", json={"config": str(secret)})
+    assert launched.status_code == 403
+    assert not any((tmp_path / "runs").iterdir())  # nothing written
+
+
+def test_validation_puts_each_problem_on_its_field_and_save_keeps_only_yaml(studio):
+    text = "project: p\nname: n\nmodel:\n  path: nowhere\ntrainer:\n  lr: -1\n  strategy: mpi\n"
+    result = studio.http.post("/api/validate", json={"text": text}).json()
+    paths = {p["path"] for p in result["problems"]}
+    assert not result["ok"] and {"trainer.lr", "trainer.strategy"} <= paths
+    strategy = next(p for p in result["problems"] if p["path"] == "trainer.strategy")
+    assert "single" in strategy["rule"] + strategy["fix"]  # the choices are named
+    broken = studio.http.post("/api/validate", json={"text": "trainer: [unclosed\n"}).json()
+    assert broken["parse_error"] and "YAML" in broken["problems"][0]["rule"]
+    target = studio.configs / "sub" / "new.yaml"
+    answer = studio.http.post("/api/configs/save", json={"path": str(target), "text": "trainer: [unclosed\n"})
+    assert answer.status_code == 409 and not target.exists()
+    answer = studio.http.post("/api/configs/save", json={"path": str(target), "text": text})
+    assert answer.status_code == 200 and yaml.safe_load(target.read_text())["trainer"]["lr"] == -1
+    assert not answer.json()["ok"]  # saved with its problems listed
+    assert (
+        studio.http.post(
+            "/api/configs/save", json={"path": str(studio.configs / "x.txt"), "text": text}
+        ).status_code
+        == 409
+    )
+
+
+def test_a_run_launched_from_studio_is_listed_watched_and_cannot_be_launched_twice(studio):
+    path = tiny_run_config(studio.configs, sft_steps=3, grpo_steps=2)
+    started = studio.http.post("/api/runs/launch", json={"config": str(path)})
+    assert started.status_code == 200, started.text
+    run_id = started.json()["id"]
+    assert run_id == "e2e/tiny"
+    wait_for(
+        lambda: (read_status(studio.root / run_id) or {}).get("state") == "running", what="the run to start"
+    )
+    again = studio.http.post("/api/runs/launch", json={"config": str(path)})
+    assert again.status_code == 409 and "already running" in again.json()["error"]
+    finished = wait_for(
+        lambda: (r := studio.http.get(f"/api/run?id={run_id}").json())["state"] == "finished" and r,
+        what="the run to finish",
+    )
+    assert finished["last"]["stage"] == "grpo" and finished["last"]["step"] == 2
+    records = studio.http.get(f"/api/run/metrics?id={run_id}").json()
+    assert [(r["stage"], r["step"]) for r in records if "train/loss" in r][-2:] == [("grpo", 1), ("grpo", 2)]
+    assert "run finished" in studio.http.get(f"/api/run/log?id={run_id}").json()["log"]
+    assert "grpo" in studio.http.get(f"/api/run/config?id={run_id}").text
+    assert [r["id"] for r in studio.http.get("/api/runs").json()] == [run_id]
+    stop = studio.http.post(f"/api/run/stop?id={run_id}")
+    assert stop.status_code == 409 and "not running (finished)" in stop.json()["error"]
+    assert read_status(studio.root / run_id)["state"] == "finished"  # unchanged
+    assert studio.http.post("/api/run/stop?id=e2e/none").status_code == 404
+
+
+def test_the_access_token_is_required_and_a_network_bind_needs_one(tmp_path):
+    configs = tmp_path / "c"
+    configs.mkdir()
+    with Studio(tmp_path / "runs", configs, token="s3cret") as s:
+        import httpx
+
+        assert httpx.get(f"{s.url}/api/runs").status_code == 401
+        assert s.http.get("/api/runs").status_code == 200  # Bearer header
+        page = httpx.get(f"{s.url}/?token=s3cret")
+        assert page.status_code == 200 and "trivium_studio" in page.headers["set-cookie"]
+    for extra in (["--host", "0.0.0.0"], ["--token", "  "]):
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "trivium.cli",
+                "studio",
+                "--root",
+                str(tmp_path / "r"),
+                "--configs",
+                str(configs),
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 2, result.stderr
+        assert "--token" in result.stderr
+
+
+def test_the_schema_has_every_field_with_its_doc(studio):
+    schema = studio.http.get("/api/schema").json()
+    lr = schema["$defs"]["TrainerConfig"]["properties"]["lr"]
+    assert lr["default"] > 0 and lr["description"] and "exclusiveMinimum" in lr
+    assert json.dumps(schema).count('"description"') > 150

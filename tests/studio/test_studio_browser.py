@@ -1,0 +1,96 @@
+"""Studio in a real browser (headless Chromium driven by Playwright): build a config in the builder, see an
+error appear on a wrong field, fix and save it, launch it from the Runs page, watch its chart grow, compare
+runs; screenshots of every page (into TRIVIUM_STUDIO_SCREENSHOTS, e.g. docs/studio, when it is set).
+
+Needs Debian's chromium (.ci/run installs it); without it the test is skipped, unless
+TRIVIUM_REQUIRE_BROWSER=1 (set by .ci/run), where a missing browser fails it."""
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from tests.studio.conftest import tiny_run_config, wait_for
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+if CHROMIUM is None and os.environ.get("TRIVIUM_REQUIRE_BROWSER") != "1":
+    pytest.skip("no chromium on this machine (apt-get install chromium)", allow_module_level=True)
+playwright = pytest.importorskip("playwright.sync_api")
+
+
+@pytest.fixture
+def browser():
+    with playwright.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+def shots(tmp_path) -> Path:
+    folder = Path(os.environ.get("TRIVIUM_STUDIO_SCREENSHOTS") or tmp_path / "shots")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_build_a_config_launch_it_and_watch_it_learn(studio, browser, tmp_path):
+    config = tiny_run_config(studio.configs, sft_steps=20, grpo_steps=6)
+    out = shots(tmp_path)
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+
+    # the builder: load the config, break a field, see the problem on it, fix it, save under a new name
+    page.goto(f"{studio.url}/#/builder")
+    page.select_option("#load-config", str(config))
+    page.click("text=load")
+    page.wait_for_selector('#verdict:has-text("valid")')
+    page.click('fieldset[data-path="trainer"] > legend')
+    lr = page.locator('input[data-path="trainer.lr"]')
+    lr.fill("-1")
+    lr.press("Tab")
+    problem = page.locator('.field.problem[data-field="trainer.lr"] .problem-text')
+    problem.wait_for()
+    assert "greater than 0" in problem.inner_text()
+    assert "trainer.lr" in page.inner_text("#problems")
+    page.screenshot(path=str(out / "builder.png"), full_page=False)
+    lr.fill("0.002")
+    lr.press("Tab")
+    page.wait_for_selector('#verdict:has-text("valid")')
+    assert "lr: 0.002" in page.inner_text("#yaml")
+    page.fill("#save-name", "built.yaml")
+    page.click("#save")
+    page.wait_for_selector("#flash.ok")
+    saved = yaml.safe_load((studio.configs / "built.yaml").read_text())
+    assert saved["trainer"]["lr"] == 0.002 and saved["stages"][1]["name"] == "grpo"
+
+    # the runs page: launch the saved config
+    page.goto(f"{studio.url}/#/runs")
+    page.select_option("#launch-config", str(studio.configs / "built.yaml"))
+    page.click("#launch")
+    page.wait_for_selector('tr[data-run="e2e/tiny"]')
+    page.screenshot(path=str(out / "runs.png"))
+
+    # the run page: its loss chart grows while it runs, then it finishes
+    page.click('a[href="#/run?id=e2e%2Ftiny"]')
+    line = page.locator('svg[data-key="train/loss"] polyline')
+    line.wait_for(timeout=120_000)
+    first = int(line.get_attribute("data-points"))
+    wait_for(lambda: int(line.get_attribute("data-points")) > first, what="the loss chart to grow")
+    page.wait_for_selector(".state.finished", timeout=300_000)
+    page.wait_for_selector('svg[data-key="rollout/reward_mean"] polyline')
+    assert int(page.locator('svg[data-key="train/loss"] polyline').get_attribute("data-points")) == 26
+    page.screenshot(path=str(out / "run.png"), full_page=True)
+
+    # compare: two runs overlaid
+    page.goto(f"{studio.url}/#/runs")
+    page.fill("#launch-overrides", "name=tiny2; stages.1.trainer.lr=0.01")
+    page.click("#launch")
+    page.wait_for_selector('tr[data-run="e2e/tiny2"] .state.finished', timeout=300_000)
+    page.goto(f"{studio.url}/#/compare?ids=e2e/tiny,e2e/tiny2")
+    page.wait_for_selector('svg[data-key="train/loss"] polyline[data-run="e2e/tiny2"]')
+    assert page.locator('svg[data-key="train/loss"] polyline').count() == 2
+    page.screenshot(path=str(out / "compare.png"), full_page=True)
+    assert not errors, errors
