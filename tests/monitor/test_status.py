@@ -48,3 +48,18 @@ def test_no_status_file_and_bad_states(tmp_path):
     assert read_status(tmp_path) is None
     with pytest.raises(ValueError, match="not one of"):
         write_status(tmp_path, "exploded")
+
+
+def test_a_resumed_stage_drops_its_trajectory_records_after_the_resume_step(tmp_path):
+    from trivium.monitor.trajectories import TRAJECTORIES_FILE, TrajectoryRecorder, read_trajectories
+
+    lines = [{"stage": "sft", "step": 9}, *({"stage": "grpo", "step": s} for s in (1, 2, 3, 4))]
+    (tmp_path / TRAJECTORIES_FILE).write_text(
+        "".join(json.dumps(x) + "\n" for x in lines) + '{"stage": "grpo", "st'
+    )
+    TrajectoryRecorder(tmp_path, "grpo", every=1, per_step=2, tokenizer=None, resume_step=2)
+    assert [(r["stage"], r["step"]) for r in read_trajectories(tmp_path)] == [
+        ("sft", 9),
+        ("grpo", 1),
+        ("grpo", 2),
+    ]

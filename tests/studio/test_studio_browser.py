@@ -13,6 +13,8 @@ import pytest
 import yaml
 from tests.studio.conftest import tiny_run_config, wait_for
 
+from trivium.monitor.trajectories import read_trajectories
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if CHROMIUM is None and os.environ.get("TRIVIUM_REQUIRE_BROWSER") != "1":
     pytest.skip("no chromium on this machine (apt-get install chromium)", allow_module_level=True)
@@ -83,6 +85,32 @@ def test_build_a_config_launch_it_and_watch_it_learn(studio, browser, tmp_path):
     page.wait_for_selector('svg[data-key="rollout/reward_mean"] polyline')
     assert int(page.locator('svg[data-key="train/loss"] polyline').get_attribute("data-points")) == 26
     page.screenshot(path=str(out / "run.png"), full_page=True)
+
+    # the trajectories page: find a token's advantage, coloured by advantage, the best-rewarded sample first
+    page.click("#open-trajectories")
+    page.wait_for_selector(".sample")
+    page.select_option("#traj-measure", "advantage")
+    page.select_option("#traj-sort", "reward")
+    page.select_option("#traj-order", "true")
+    page.wait_for_selector(".sample .tok[data-advantage]")
+    first = page.locator(".sample").first
+    token = first.locator(".tok[data-advantage]").nth(0)
+    shown = float(token.get_attribute("data-advantage"))
+    assert f"advantage {token.get_attribute('data-advantage')}" in token.get_attribute("title")
+    records = read_trajectories(studio.root / "e2e" / "tiny")
+    assert len(records) == 3 * 4  # GRPO steps 2, 4, 6; 4 samples each
+    best = max(r["reward"] for r in records)
+    match = next(
+        r
+        for r in records
+        if r["global_step"] == int(first.get_attribute("data-global-step"))
+        and r["group_id"] == int(first.get_attribute("data-group"))
+        and r["run_index"] == int(first.get_attribute("data-run-index"))
+    )
+    assert match["reward"] == best and match["advantage"][0] == shown
+    page.select_option("#traj-sort", "advantage")
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(out / "trajectories.png"), full_page=False)
 
     # compare: two runs overlaid
     page.goto(f"{studio.url}/#/runs")

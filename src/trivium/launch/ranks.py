@@ -151,8 +151,15 @@ class RankGroup:
             raise
 
     def raise_if_dead(self, during: str, error: BaseException | None = None) -> None:
-        """Raise ``RankFailed`` if a rank's process has ended; otherwise return."""
-        dead = [(rank, p) for rank, p in enumerate(self.procs, 1) if p.poll() is not None]
+        """Raise ``RankFailed`` if a rank's process has ended; otherwise return. After an ``error`` (a
+        collective that failed) a rank's death may not be visible yet: gloo sees the closed connection while
+        the killed process is still being torn down, so wait up to 5 s for it before deciding none died."""
+        deadline = time.monotonic() + (5.0 if error is not None else 0.0)
+        while True:
+            dead = [(rank, p) for rank, p in enumerate(self.procs, 1) if p.poll() is not None]
+            if dead or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
         if not dead:
             return
         rank, proc = dead[0]
@@ -227,6 +234,15 @@ class LeaderTrainer:
     @property
     def step(self) -> int:
         return self.trainer.step
+
+    @property
+    def observer(self):
+        """Rank 0's trainer's step observer (``monitor/trajectories.py``): it holds the whole batch."""
+        return self.trainer.observer
+
+    @observer.setter
+    def observer(self, fn) -> None:
+        self.trainer.observer = fn
 
     def train_step(self, batch) -> dict[str, float]:
         return self._everywhere("train_step", list(batch))

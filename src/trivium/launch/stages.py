@@ -42,6 +42,7 @@ def online_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunS
     experiences = _experience_source(cfg, run_dir, state, per_step)
     explorer = build.make_explorer(cfg, state, taskset, experiences.feed, run_dir / "failures.jsonl")
     with _stage_trainer(stage, run_dir, state, total) as trainer:  # after the explorer: FSDP2 shards in place
+        _record_trajectories(stage, run_dir, state, trainer, done)
         sync = build_weight_sync(cfg, run_dir, "trainer", engine=explorer.model)
         start_version = _start_version(state, done, saved)
         ahead = None
@@ -102,6 +103,7 @@ def storage_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: Run
     state.model = lora.prepare(state.model, cfg.model.lora)
     source = _experience_source(cfg, run_dir, state, per_step)
     with _stage_trainer(stage, run_dir, state, total) as trainer:
+        _record_trajectories(stage, run_dir, state, trainer, done)
         if saved is not None:
             trainer.load_state_dict(saved, folder)
         source.load(saved["resume"] if saved is not None else {})  # hands back a killed process's claims
@@ -204,6 +206,29 @@ def _stage_trainer(stage: Stage, run_dir: Path, state: RunState, total: int):
         ranks.close()
     final = run_dir / "checkpoints" / stage.name / f"step_{total}" / "model"
     state.model, _ = build.load_policy(str(final), cfg)
+
+
+def _record_trajectories(stage: Stage, run_dir: Path, state: RunState, trainer, done: int) -> None:
+    """Hand every RL step's batch to a ``TrajectoryRecorder`` (``monitor.trajectories``) where one process
+    holds the whole model: the trainer of ``single``, rank 0's of ``ddp``."""
+    cfg = stage.config
+    t = cfg.monitor.trajectories
+    if t.every == 0:
+        return
+    if cfg.cluster.backend == "ray" or cfg.trainer.strategy == "fsdp2":
+        log.info(
+            "monitor.trajectories: not recorded for stage %s (trainer %s on backend %s: no process holds "
+            "the whole model)",
+            stage.name,
+            cfg.trainer.strategy,
+            cfg.cluster.backend,
+        )
+        return
+    from trivium.monitor.trajectories import TrajectoryRecorder
+
+    recorder = TrajectoryRecorder(run_dir, stage.name, t.every, t.per_step, state.tokenizer, resume_step=done)
+    recorder.global_offset = state.global_step - done
+    trainer.observer = recorder  # a Trainer, or a LeaderTrainer handing it to rank 0's
 
 
 def _start_version(state: RunState, done: int, saved: dict | None) -> int:

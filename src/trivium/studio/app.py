@@ -174,6 +174,35 @@ def create_app(root: str | Path, config_dirs: list[str | Path], token: str | Non
         tail = failures.read_text(encoding="utf-8").splitlines()[-50:] if failures.exists() else []
         return {"log": run_control.log_tail(guard, id), "failures": [json.loads(x) for x in _complete(tail)]}
 
+    @app.get("/api/run/trajectories")
+    def trajectories(
+        id: str, step: int | None = None, sort: str = "step", descending: bool = False, limit: int = 50
+    ) -> dict[str, Any]:
+        """Recorded samples (``monitor.trajectories``), filtered by step and sorted by step, reward, length
+        or mean advantage."""
+        from trivium.monitor.trajectories import read_trajectories
+
+        records = read_trajectories(guard.run_dir(id))
+        steps = sorted({(r["global_step"], r["stage"], r["step"]) for r in records})
+        if step is not None:
+            records = [r for r in records if r["global_step"] == step]
+        keys = {
+            "step": lambda r: (r["global_step"], r["group_id"]),
+            "reward": lambda r: r["reward"],
+            "length": lambda r: len(r["response_ids"]),
+            "advantage": lambda r: (
+                sum(a for a, m in zip(r["advantage"], r["mask"]) if m) / max(1, sum(r["mask"]))
+            ),
+        }
+        if sort not in keys:
+            raise run_control.Conflict(f"sort={sort!r}: sort by one of {sorted(keys)}")
+        records = sorted(records, key=keys[sort], reverse=descending)
+        return {
+            "steps": [{"global_step": g, "stage": s, "step": n} for g, s, n in steps],
+            "total": len(records),
+            "records": records[: max(1, min(limit, 500))],
+        }
+
     @app.post("/api/runs/launch")
     def launch(body: LaunchRequest) -> dict[str, Any]:
         return run_control.launch(guard, body.config, body.overrides)

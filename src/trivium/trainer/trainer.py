@@ -99,6 +99,7 @@ class Trainer:
         self.guard = NumericGuard(cfg.max_abs_reward, cfg.max_bad_steps)
         self.total_steps = total_steps
         self.step = 0
+        self.observer = None  # called with each step's batch before the update (TrajectoryRecorder)
         self.generator = torch.Generator().manual_seed(seed)
 
     def train_step(self, experiences: Sequence[Experience]) -> dict[str, float]:
@@ -132,6 +133,9 @@ class Trainer:
             metrics.update(m)
         if not bool(torch.isfinite(advantages).all()):
             return self._skipped_step(t0, dropped, "the advantages are not finite")
+        if self.observer is not None:  # monitor/trajectories.py: per-token records, before the update
+            model = self.parallel.unwrap(self.model)
+            self.observer(self.step + 1, batch, experiences, advantages, model, self.temperature)
         skipped_before = self.optim.skipped
         seen_lp = torch.zeros_like(batch.rollout_logprobs)  # log-probs of the first pass, for the mismatch
         sums: dict[str, float] = {}

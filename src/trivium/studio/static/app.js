@@ -1,6 +1,7 @@
 // Trivium Studio: the page's router, the API helper and the flash line. Pages live in their own modules.
 import { builderPage } from "./builder.js";
 import { runsPage, runPage, comparePage } from "./runs.js";
+import { trajectoriesPage } from "./trajectories.js";
 
 export async function api(path, options = {}) {
   const init = { headers: {}, ...options };
@@ -57,7 +58,7 @@ async function route() {
   document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", a.dataset.page === name));
   const page = document.getElementById("page");
   page.replaceChildren();
-  const pages = { runs: runsPage, run: runPage, builder: builderPage, compare: comparePage };
+  const pages = { runs: runsPage, run: runPage, builder: builderPage, compare: comparePage, trajectories: trajectoriesPage };
   try {
     stopPage = await (pages[name] || runsPage)(page);
   } catch (error) {

@@ -102,6 +102,7 @@ export async function runPage(page) {
     const last = run.last || {};
     head.replaceChildren(...[el("div", { class: "row" }, el("strong", {}, run.id), stateCell(run),
       last.stage ? `${last.stage} step ${last.step} (global ${last.global_step})` : "",
+      el("a", { href: `#/trajectories?id=${encodeURIComponent(id)}`, id: "open-trajectories" }, "trajectories"),
       run.state === "running" ? el("button", { id: "stop", onclick: () => stop(id, refresh) }, "stop") : null),
       run.error ? el("div", { class: "state failed" }, run.error) : null,
       run.checkpoints.length ? el("div", { class: "muted" }, `checkpoints: ${run.checkpoints.join(", ")}`) : null].filter(Boolean));

@@ -1,0 +1,153 @@
+"""``trajectories.jsonl``: sampled experiences recorded token by token, for Studio's trajectory viewer.
+
+Every ``monitor.trajectories.every`` train steps of an RL stage the trainer hands its batch to a
+``TrajectoryRecorder`` before the update (the weights that sampled it, or the trainer's newest when
+off-policy). For ``per_step`` experiences spread over the step's groups, one line each holds the prompt and
+response tokens (ids and text) and, per response token: the rollout engine's log-prob, the trainer's
+log-prob and full-vocabulary entropy at the same weights (one extra forward pass over those rows, no
+gradients), the advantage the loss uses, and the action mask (False: an environment or tool token inside a
+multi-turn response). With the group, reward, weights version and step, that is what shows why a run learns
+or collapses, one token at a time.
+
+Recorded on the process that holds the whole model (``trainer.strategy`` single or ddp, local backend);
+fsdp2 and Ray trainer ranks record nothing (a log line says so). A resumed stage drops its records after the
+step it resumes from, so each recorded step appears once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+__all__ = ["TRAJECTORIES_FILE", "TrajectoryRecorder", "read_trajectories"]
+
+TRAJECTORIES_FILE = "trajectories.jsonl"
+
+
+class TrajectoryRecorder:
+    """``recorder(step, batch, experiences, advantages, model, temperature)`` from ``Trainer.train_step``."""
+
+    def __init__(self, run_dir: Path, stage: str, every: int, per_step: int, tokenizer, resume_step: int = 0):
+        self.path = Path(run_dir) / TRAJECTORIES_FILE
+        self.stage, self.every, self.per_step, self.tokenizer = stage, every, per_step, tokenizer
+        self.global_offset = 0  # the run's global step before this stage (set by the stage)
+        if self.path.exists():
+            _drop_after(self.path, stage, resume_step)
+
+    def due(self, step: int) -> bool:
+        return self.every > 0 and step % self.every == 0
+
+    @torch.no_grad()
+    def __call__(
+        self,
+        step: int,
+        batch,
+        experiences: Sequence,
+        advantages: torch.Tensor,
+        model: torch.nn.Module,
+        temperature: float,
+    ) -> None:
+        if not self.due(step) or not experiences:
+            return
+        from trivium.trainer.logprobs import forward_logprobs
+
+        n = len(experiences)
+        chosen = sorted(
+            {round(i * (n - 1) / max(1, self.per_step - 1)) for i in range(min(self.per_step, n))}
+        )
+        rows = sorted({int(_row_of(batch, i)) for i in chosen})
+        sub = dataclasses.replace(
+            batch,
+            input_ids=batch.input_ids[rows],
+            attention_mask=None if batch.attention_mask is None else batch.attention_mask[rows],
+            position_ids=batch.position_ids[rows],
+            loss_mask=batch.loss_mask[rows],
+        )
+        was_training = model.training
+        model.eval()
+        trainer_lp, entropy = forward_logprobs(model, sub, temperature, entropy=True)
+        model.train(was_training)
+        lines = []
+        for i in chosen:
+            r = rows.index(int(_row_of(batch, i)))
+            span = (batch.seq_index[rows[r]] == i).nonzero().flatten()
+            lines.append(self._line(step, experiences[i], span, r, rows[r], trainer_lp, entropy, advantages))
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write("".join(json.dumps(line) + "\n" for line in lines))
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _line(self, step, e, span, sub_row, row, trainer_lp, entropy, advantages) -> dict[str, Any]:
+        p = e.prompt_length
+        resp = span[p:]
+        tokens = e.tokens.tolist()
+        mask = e.action_mask.bool()
+
+        def values(t: torch.Tensor, row_index: int) -> list[float]:
+            v = t[row_index, resp].float()
+            return [round(x, 5) for x in torch.where(mask, v, torch.zeros_like(v)).tolist()]
+
+        return {
+            "stage": self.stage,
+            "step": step,
+            "global_step": self.global_offset + step,
+            "task_id": e.task_id,
+            "group_id": e.group_id,
+            "run_index": e.run_index,
+            "turn": e.turn,
+            "reward": float(e.reward),
+            "model_version": e.model_version,
+            "explore_step": e.explore_step,
+            "prompt_ids": tokens[:p],
+            "prompt_text": [self.tokenizer.decode([t]) for t in tokens[:p]],
+            "response_ids": tokens[p:],
+            "response_text": [self.tokenizer.decode([t]) for t in tokens[p:]],
+            "mask": mask.tolist(),
+            "logprob": [round(x, 5) for x in e.logprobs.float().tolist()],
+            "trainer_logprob": values(trainer_lp, sub_row),
+            "entropy": values(entropy, sub_row),
+            "advantage": values(advantages, row),
+        }
+
+
+def _row_of(batch, i: int) -> int:
+    """The batch row that holds sequence ``i``."""
+    return int((batch.seq_index == i).any(dim=1).nonzero()[0, 0])
+
+
+def _drop_after(path: Path, stage: str, step: int) -> None:
+    """Keep other stages' lines and this stage's up to ``step`` (a resumed stage records its steps again)."""
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by a kill
+        if record.get("stage") != stage or record.get("step", 0) <= step:
+            kept.append(line)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(x + "\n" for x in kept), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_trajectories(run_dir: Path) -> list[dict[str, Any]]:
+    """Every complete record of the run folder's ``trajectories.jsonl`` (none when there is no file)."""
+    path = Path(run_dir) / TRAJECTORIES_FILE
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out

@@ -1,0 +1,61 @@
+"""monitor.trajectories through `trivium run`: every recorded token's rollout log-prob, trainer log-prob at
+the same weights, entropy, advantage and mask; a resumed stage records each step once."""
+
+import statistics
+
+import pytest
+import yaml
+
+from trivium.cli import main as cli
+from trivium.monitor.trajectories import read_trajectories
+
+
+def _run(e2e, tmp_path, grpo_steps=3, every=1, per_step=64):
+    e2e.write(tmp_path)
+    cfg = e2e.config(tmp_path, grpo_steps=grpo_steps)
+    cfg["stages"][0]["buffer"]["total_steps"] = 5
+    cfg["monitor"]["trajectories"] = {"every": every, "per_step": per_step}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert cli(["run", "--config", str(path)]) == 0
+    return tmp_path / "runs" / "e2e" / "codes"
+
+
+@pytest.mark.integration
+def test_every_token_of_the_recorded_samples_carries_its_numbers(e2e, tmp_path):
+    run_dir = _run(e2e, tmp_path)
+    records = read_trajectories(run_dir)
+    assert [r["step"] for r in records] == [s for s in (1, 2, 3) for _ in range(64)]  # every sample of 8 x 8
+    assert {r["stage"] for r in records} == {"grpo"} and records[0]["global_step"] == 6
+    for r in records:
+        n = len(r["response_ids"])
+        assert n >= 1 and all(
+            len(r[k]) == n
+            for k in ("response_text", "mask", "logprob", "trainer_logprob", "entropy", "advantage")
+        )
+        assert len(r["prompt_ids"]) == len(r["prompt_text"]) > 0
+        assert all(e > 0 for e, m in zip(r["entropy"], r["mask"]) if m)
+        # on-policy, fp32 rollouts: the trainer's log-probs at the sampling weights equal the engine's
+        assert max(abs(a - b) for a, b in zip(r["logprob"], r["trainer_logprob"])) < 1e-3
+    # GRPO's advantage, derived from the recorded group's rewards: (r - mean) / (unbiased std + 1e-6), 0 for
+    # a group whose rewards are all equal; the same on every action token of the sequence
+    for step in (1, 2, 3):
+        groups = {}
+        for r in records:
+            if r["step"] == step:
+                groups.setdefault(r["group_id"], []).append(r)
+        assert len(groups) == 8
+        for members in groups.values():
+            rewards = [m["reward"] for m in members]
+            mean, std = statistics.mean(rewards), statistics.stdev(rewards)
+            for m in members:
+                want = 0.0 if len(set(rewards)) == 1 else (m["reward"] - mean) / (std + 1e-6)
+                got = {a for a, k in zip(m["advantage"], m["mask"]) if k}
+                assert len(got) == 1 and abs(got.pop() - want) < 1e-4, (m["reward"], rewards, m["advantage"])
+
+
+@pytest.mark.integration
+def test_few_samples_every_other_step_spread_over_the_groups(e2e, tmp_path):
+    records = read_trajectories(_run(e2e, tmp_path, grpo_steps=4, every=2, per_step=3))
+    assert [r["step"] for r in records] == [2, 2, 2, 4, 4, 4]
+    assert len({r["group_id"] for r in records if r["step"] == 2}) == 3  # first, middle and last group
