@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field
 
 from trivium.config.schema_base import COUNT_MAX, SECONDS_MAX, SEED_MAX, StrictModel
+from trivium.config.schema_monitor import MonitorConfig  # noqa: F401 (re-exported)
 
 
 class RuntimeConfig(StrictModel):
@@ -53,14 +54,6 @@ class ClusterConfig(StrictModel):
     cluster has (a request that cannot fit at all is refused before anything starts)."""
     max_restarts: int = Field(3, ge=0, le=1000)
     """ray: times a rollout engine actor that dies is restarted (its requests are sent again)."""
-
-
-class MonitorConfig(StrictModel):
-    progress_bar: bool = True
-    """Show a console progress bar with reward, accuracy and loss."""
-    stall_timeout_s: float = Field(600.0, ge=0, le=SECONDS_MAX)
-    """No step finished for this long: write every thread's stack to stall_*.txt in the run folder and the
-    log, saying what each part waits on (launch/doctor.py); the run goes on. Again after as long. 0 = off."""
 
 
 class FaultsConfig(StrictModel):

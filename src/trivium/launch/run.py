@@ -25,7 +25,8 @@ from trivium.launch.doctor import stall_doctor
 from trivium.launch.loop import RunState
 from trivium.launch.resume import find_resume_point
 from trivium.launch.runtime import apply_threads
-from trivium.monitor.metrics import METRICS_FILE, MetricsWriter, RunProgress
+from trivium.monitor.metrics import METRICS_FILE, MetricsWriter, RunProgress, metrics_path
+from trivium.monitor.tracker_set import TrackerSet
 
 log = logging.getLogger(__name__)
 
@@ -80,13 +81,23 @@ def run(run_cfg: RunConfig, overwrite: bool = False, resume: bool = True) -> Pat
     if point is not None:
         log.info("run folder %s holds a run: continuing it from its newest checkpoint", run_dir)
     # the processes of a decoupled run each write a metrics file of their own
-    writer = MetricsWriter(run_dir, role=modes if shared else None, progress=progress)
+    role = modes if shared else None
+    trackers = TrackerSet(  # monitor.backends: run-level, a resumed run continues the same tracker runs
+        run_cfg.config.monitor,
+        run_dir,
+        project=run_cfg.config.project,
+        name=run_cfg.config.name,
+        role=role,
+        resolved=resolved,
+        replay=metrics_path(run_dir, role),
+    )
+    writer = MetricsWriter(run_dir, role=role, progress=progress, trackers=trackers)
     cluster = None
-    if run_cfg.config.cluster.backend == "ray":
-        from trivium.launch.ray_cluster import RayCluster
-
-        cluster = RayCluster.connect(run_cfg.config, state.config_dir)
     try:
+        if run_cfg.config.cluster.backend == "ray":
+            from trivium.launch.ray_cluster import RayCluster
+
+            cluster = RayCluster.connect(run_cfg.config, state.config_dir)
         for i, stage in enumerate(run_cfg.stages):
             if point is not None and i < point.stage_index:
                 continue  # finished before the checkpoint we resume from
