@@ -21,7 +21,6 @@ gate, up, activated gate and product (4i): ``9h + 2kv + 4i``.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -70,19 +69,16 @@ class Estimate:
     """Bytes per role and part; ``peak`` is the run's process at its fullest."""
 
     parts: dict[str, dict[str, float]] = field(default_factory=dict)  # role -> part -> bytes
-    steady: float = 0.0
-    train_transient: float = 0.0
-    rollout_transient: float = 0.0
+    steady: float = 0.0  # weights and optimizer state: there the whole step
+    train_transient: float = 0.0  # gradients and activations, while training
+    rollout_transient: float = 0.0  # KV cache and prefill, while sampling
+    overlap: bool = False  # sampling and training at the same time
 
     @property
     def peak(self) -> float:
-        return (
-            self.steady + self.train_transient + self.rollout_transient
-            if self.overlap
-            else (self.steady + max(self.train_transient, self.rollout_transient))
-        )
-
-    overlap: bool = False
+        if self.overlap:
+            return self.steady + self.train_transient + self.rollout_transient
+        return self.steady + max(self.train_transient, self.rollout_transient)
 
 
 def estimate(shape: ModelShape, s: Shapes, model_dtype: str, rollout_dtype: str, shards: int = 1) -> Estimate:
@@ -98,10 +94,11 @@ def estimate(shape: ModelShape, s: Shapes, model_dtype: str, rollout_dtype: str,
         "optimizer state": 2 * s.trainable * wb / shards,
         "activations": act + head,
     }
-    if s.critic:  # a second model of the policy's size, with its own gradients and AdamW
-        trainer["critic"] = shape.params * wb * 4
+    if s.critic:  # PPO's value model, the policy's size: weights, gradients and AdamW's two moments (its
+        trainer["critic"] = shape.params * wb * 4  # activations, a pass like the policy's, are not counted)
     out = Estimate(overlap=s.overlap)
     out.parts["trainer"] = trainer
+    # the critic's weights and moments (3 of its 4 parts) stay; its gradients come and go with the policy's
     out.steady = trainer["weights"] + trainer["optimizer state"] + (trainer.get("critic", 0.0) * 0.75)
     out.train_transient = trainer["gradients"] + trainer["activations"] + trainer.get("critic", 0.0) * 0.25
     if s.rollout_engine:
@@ -117,7 +114,3 @@ def estimate(shape: ModelShape, s: Shapes, model_dtype: str, rollout_dtype: str,
 
 def mib(n: float) -> str:
     return f"{n / 2**20:,.1f} MiB" if n < 2**30 else f"{n / 2**30:,.2f} GiB"
-
-
-def ceil_div(a: int, b: int) -> int:
-    return math.ceil(a / b) if b else 0
