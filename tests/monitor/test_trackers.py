@@ -211,3 +211,15 @@ def test_killed_and_resumed_run_continues_each_tracker_run_without_duplicate_ste
     served = _tensorboard_over_http(run / "tensorboard", key)
     assert [s for s, _ in served] == [s for s, _ in expected]
     assert [v for _, v in served] == pytest.approx([v for _, v in expected], rel=1e-5)
+
+
+def test_a_stage_cannot_change_the_runs_trackers(tmp_path):
+    cfg = {
+        "mode": "bench",
+        "stages": [{"name": "a", "monitor": {"backends": ["tensorboard"], "progress_bar": False}}],
+    }
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "cfg.yaml", check_files=False)
+    (problem,) = [p for p in info.value.problems if "monitor" in p.path]
+    assert problem.path == "stages[0].monitor.backends" and problem.fix == "set it at the top level"
