@@ -52,7 +52,7 @@ class MonitorConfig(StrictModel):
     """Where metrics go: jsonl (metrics.jsonl in the run folder, always written, listed or not),
     tensorboard, wandb, mlflow, or your own tracker class as 'module:Class' (a subclass of
     trivium.monitor.trackers.Tracker). Each library is an optional extra: pip install 'trivium[wandb]'.
-    Run-level: the top level's list is used for every stage. A resumed run continues the same tracker run."""
+    Run-level: set at the top level (a stage cannot change it). A resumed run continues the same tracker run."""
     tensorboard: TensorboardConfig = Field(default_factory=TensorboardConfig)
     """Settings of the tensorboard backend."""
     wandb: WandbConfig = Field(default_factory=WandbConfig)
