@@ -188,3 +188,23 @@ def test_memory_estimate_within_30_percent_of_measured_peak(tmp_path, make):
     ratio = estimated / measured["peak_mb"]
     print(f"{path.stem}: estimated {estimated:.0f} MiB, measured {measured}, ratio {ratio:.2f}")
     assert 0.7 <= ratio <= 1.3, (text, measured)
+
+
+def test_the_explore_process_of_a_decoupled_run_holds_no_trainer(tmp_path, tiny_model_dir, word_problem_dir):
+    cfg = {
+        "mode": "explore",
+        "checkpoint_root": str(tmp_path / "runs"),
+        "model": {"path": str(tiny_model_dir)},
+        "buffer": {
+            "batch_size": 2,
+            "total_steps": 3,
+            "storage": {},
+            "taskset": {"path": str(word_problem_dir / "train.jsonl"), "repeat_times": 2},
+        },
+    }
+    (tmp_path / "explore.yaml").write_text(yaml.safe_dump(cfg))
+    text, (facts,) = explain(load_config(tmp_path / "explore.yaml"))
+    assert "none in this process" in text and "micro " not in text
+    assert list(facts.estimate.parts) == ["rollout"]
+    rollout = facts.estimate.parts["rollout"]
+    assert facts.estimate.peak == rollout["weights"] + rollout["KV cache"] + rollout["activations"]

@@ -178,6 +178,7 @@ def stage_facts(stage, index: int, count: int) -> StageFacts:
     lines.append(f"  steps        {total} steps ({how}); the data has {rows} {unit}")
     mini = t.mini_batch_size or experiences
     minis = math.ceil(experiences / mini)
+    trains = cfg.mode != "explore"  # the explore process of a decoupled run samples only
     lines.append(
         f"  updates      {experiences} per step / {mini} per mini-batch (trainer.mini_batch_size"
         f"{' 0: the whole batch' if not t.mini_batch_size else ''}) = {minis} mini-batch(es) x "
@@ -186,11 +187,14 @@ def stage_facts(stage, index: int, count: int) -> StageFacts:
     )
     per_rank = math.ceil(mini / t.world_size)
     micro_rows = min(t.micro_batch_size, per_rank)
-    lines.append(
-        f"  micro        {per_rank} rows per mini-batch on each of {t.world_size} rank(s) / "
-        f"{t.micro_batch_size} (trainer.micro_batch_size) = {math.ceil(per_rank / t.micro_batch_size)} "
-        f"forward/backward pass(es) of up to {micro_rows} x {seq} tokens per optimizer step"
-    )
+    if not trains:
+        lines[-1] = "  updates      none in this process: the train process of the run trains what it writes"
+    else:
+        lines.append(
+            f"  micro        {per_rank} rows per mini-batch on each of {t.world_size} rank(s) / "
+            f"{t.micro_batch_size} (trainer.micro_batch_size) = {math.ceil(per_rank / t.micro_batch_size)} "
+            f"forward/backward pass(es) of up to {micro_rows} x {seq} tokens per optimizer step"
+        )
     if cfg.mode == "both" or (cfg.mode == "train" and b.storage is not None):
         bound = s.sync_interval - 1 + s.sync_offset
         lines.append(
@@ -233,6 +237,9 @@ def stage_facts(stage, index: int, count: int) -> StageFacts:
     )
     shards = t.world_size if t.strategy == "fsdp2" else 1
     est = estimate(shape, shapes, cfg.model.dtype, r.dtype or cfg.model.dtype, shards)
+    if not trains:  # the engine takes the policy over (no copy): its weights, KV cache and prefill only
+        est.parts.pop("trainer")
+        est.steady, est.train_transient = est.parts["rollout"]["weights"], 0.0
     lines += memory_lines(shape, shapes, est, cfg)
     return StageFacts(stage.name, lines, shapes, est, total)
 
