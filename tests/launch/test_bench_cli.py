@@ -7,7 +7,6 @@ from trivium.cli import main as cli
 from trivium.monitor.metrics import read_metrics
 
 
-@pytest.mark.slow
 @pytest.mark.integration
 def test_trivium_bench_evaluates_a_runs_base_model_and_checkpoints(
     tmp_path, tiny_model_dir, word_problem_dir
