@@ -116,14 +116,27 @@ def test_each_shortened_run_is_a_valid_config(text, plugin_registries):
         assert stage.config.checkpoint_root == newcomer.CHECK_ROOT
 
 
-def test_the_check_config_transcript_is_the_real_output(capsys, monkeypatch):
-    ((command, *shown),) = [lines for kind, lines in newcomer.blocks(README) if kind == "$"]
+def _transcript_is_the_real_output(subcommand, capsys, monkeypatch):
+    ((command, *shown),) = [
+        lines
+        for kind, lines in newcomer.blocks(README)
+        if kind == "$" and f"trivium {subcommand} " in lines[0]
+    ]
     words = shlex.split(command[2:])
-    assert words[:2] == ["trivium", "check-config"]
+    assert words[:2] == ["trivium", subcommand]
     monkeypatch.chdir(REPO)  # the README's paths are relative to the repository root
     cli(words[1:])
     printed = capsys.readouterr()
     assert newcomer.transcript_matches(shown, (printed.out + printed.err).splitlines()) == ""
+
+
+def test_the_check_config_transcript_is_the_real_output(capsys, monkeypatch):
+    _transcript_is_the_real_output("check-config", capsys, monkeypatch)
+
+
+@pytest.mark.slow  # builds the quickstart's tokenizer and reads its data (~1 min on 2 busy cores)
+def test_the_doctor_transcript_is_the_real_output(capsys, monkeypatch):
+    _transcript_is_the_real_output("doctor", capsys, monkeypatch)
 
 
 def test_transcript_lines_match_with_ellipses_only():

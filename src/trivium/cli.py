@@ -1,4 +1,5 @@
-"""The ``trivium`` command line: run | check-config | convert | make-tiny | plot | check-template | studio.
+"""The ``trivium`` command line: run | check-config | doctor | bench | convert | make-tiny | plot | check-template |
+studio.
 
 Heavy imports (torch, transformers) happen inside the commands, so ``trivium --help`` is instant. Every
 option has a help text (tests/test_cli_basics.py checks it).
@@ -42,6 +43,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", help="YAML config file")
     _add_set(p)
     p.set_defaults(func=_cmd_check)
+
+    p = sub.add_parser("doctor", help="explain a config stage by stage: batch shapes, steps, memory per role")
+    p.add_argument("config", help="YAML config file")
+    _add_set(p)
+    p.set_defaults(func=_cmd_doctor)
+
+    p = sub.add_parser(
+        "bench", help="evaluate a config's base model and checkpoints (mode bench, short form)"
+    )
+    p.add_argument("config", help="YAML config file of the run whose checkpoints to evaluate")
+    p.add_argument("--checkpoints", choices=["all", "latest", "none"], default=None, help="bench.checkpoints")
+    _add_set(p)
+    p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser(
         "make-tiny", help="create a tiny tokenizer + causal LM folder (for tests and CPU runs)"
@@ -201,6 +215,37 @@ def _cmd_check(args) -> int:
         print(yaml.safe_dump(stage.config.model_dump(mode="json", exclude={"stages"}), sort_keys=False))
     print(f"OK: {args.config} is valid ({len(run_cfg.stages)} stage(s)).", file=sys.stderr)
     return 0
+
+
+def _cmd_doctor(args) -> int:
+    from trivium.config import ConfigError, load_config
+
+    try:
+        run_cfg = load_config(
+            args.config, args.overrides, given_as="the FILE argument of trivium doctor FILE"
+        )
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    from trivium.launch.config_doctor import explain
+
+    print(f"trivium doctor: {args.config} ({len(run_cfg.stages)} stage(s))\n\n{explain(run_cfg)[0]}")
+    return 0
+
+
+def _cmd_bench(args) -> int:
+    """``trivium run`` of CONFIG as one mode-bench stage over its run's checkpoints (launch/bench.py)."""
+    from trivium.config import ConfigError, load_config
+    from trivium.launch.bench import bench_overrides
+
+    try:
+        run_cfg = load_config(args.config, args.overrides, given_as="the FILE argument of trivium bench FILE")
+        args.overrides = [*args.overrides, *bench_overrides(run_cfg, args.checkpoints)]
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    args.overwrite, args.no_resume = True, False  # a bench run is redone whole
+    return _cmd_run(args)
 
 
 def _cmd_make_tiny(args) -> int:

@@ -7,7 +7,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from trivium.config.schema_base import COUNT_MAX, SECONDS_MAX, SEED_MAX, STEPS_MAX, StrictModel
+from trivium.config.schema_base import COUNT_MAX, SECONDS_MAX, SEED_MAX, StrictModel
+from trivium.config.schema_monitor import MonitorConfig  # noqa: F401 (re-exported)
 
 
 class RuntimeConfig(StrictModel):
@@ -57,25 +58,6 @@ class ClusterConfig(StrictModel):
     max_restarts: int = Field(3, ge=0, le=1000)
     """ray: times a rollout engine or explorer actor that dies is restarted (its requests, or its step, are
     sent again)."""
-
-
-class TrajectoriesConfig(StrictModel):
-    """Samples recorded token by token for Studio's trajectory viewer (monitor/trajectories.py)."""
-
-    every: int = Field(10, ge=0, le=STEPS_MAX)
-    """Record every this many train steps of RL stages (0 = never), into trajectories.jsonl in the run folder."""
-    per_step: int = Field(8, ge=1, le=1024)
-    """Experiences recorded per recorded step, spread over the step's groups."""
-
-
-class MonitorConfig(StrictModel):
-    trajectories: TrajectoriesConfig = Field(default_factory=TrajectoriesConfig)
-    """Per-token records of sampled experiences: log-prob, trainer log-prob, entropy, advantage, mask."""
-    progress_bar: bool = True
-    """Show a console progress bar with reward, accuracy and loss."""
-    stall_timeout_s: float = Field(600.0, ge=0, le=SECONDS_MAX)
-    """No step finished for this long: write every thread's stack to stall_*.txt in the run folder and the
-    log, saying what each part waits on (launch/doctor.py); the run goes on. Again after as long. 0 = off."""
 
 
 class FaultsConfig(StrictModel):

@@ -11,6 +11,7 @@ from pathlib import Path
 from trivium.config.errors import Problem, did_you_mean, join_path
 from trivium.config.schema import TaskSetConfig, TriviumConfig
 from trivium.config.validate_layout import check_layout, preset_or_none
+from trivium.config.validate_monitor import check_monitor
 
 
 def resolve_paths(cfg: TriviumConfig, base_dir: Path) -> TriviumConfig:
@@ -72,6 +73,7 @@ def check_semantics(cfg: TriviumConfig, prefix: str = "", check_files: bool = Tr
     problems += _check_data(cfg, at, check_files)
     problems += _check_serve(cfg, at)
     problems += check_layout(cfg, at, check_files)
+    problems += check_monitor(cfg, at)
     return problems
 
 

@@ -78,3 +78,23 @@ def bench_loop(stage, run_dir: Path, writer, state) -> None:
     (run_dir / "bench.md").write_text(table)
     (run_dir / "bench.json").write_text(json.dumps(rows, indent=1))
     print(table)
+
+
+def bench_overrides(run_cfg, checkpoints: str | None = None) -> list[str]:
+    """``trivium bench CONFIG``: the ``--set`` overrides that turn CONFIG into one mode-bench stage over
+    CONFIG's own run: its checkpoints (``bench.checkpoint_dir``) and its starting model (the tiny model the
+    run created, when ``model.path`` is empty), written to a run folder of its own, ``{name}-bench``, so the
+    training run's folder is left as it is. The top level's explorer and eval task sets are used."""
+    c = run_cfg.config
+    run_dir = Path(c.checkpoint_root) / c.project / c.name
+    out = [
+        "stages=[]",
+        "mode=bench",
+        f"name={c.name}-bench",
+        f"bench.checkpoint_dir={run_dir / 'checkpoints'}",
+    ]
+    if not c.model.path and c.model.tiny is not None:
+        out.append(f"model.path={run_dir / 'base_model'}")
+    if checkpoints is not None:
+        out.append(f"bench.checkpoints={checkpoints}")
+    return out

@@ -26,8 +26,9 @@ from trivium.launch.loop import RunState
 from trivium.launch.resume import find_resume_point
 from trivium.launch.runtime import apply_threads
 from trivium.launch.stopping import RunStopped
-from trivium.monitor.metrics import METRICS_FILE, MetricsWriter, RunProgress
+from trivium.monitor.metrics import METRICS_FILE, MetricsWriter, RunProgress, metrics_path
 from trivium.monitor.status import recorded
+from trivium.monitor.tracker_set import TrackerSet
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,17 @@ def run(run_cfg: RunConfig, overwrite: bool = False, resume: bool = True) -> Pat
     if point is not None:
         log.info("run folder %s holds a run: continuing it from its newest checkpoint", run_dir)
     # the processes of a decoupled run each write a metrics file of their own
-    writer = MetricsWriter(run_dir, role=modes if shared else None, progress=progress)
+    role = modes if shared else None
+    trackers = TrackerSet(  # monitor.backends: run-level, a resumed run continues the same tracker runs
+        run_cfg.config.monitor,
+        run_dir,
+        project=run_cfg.config.project,
+        name=run_cfg.config.name,
+        role=role,
+        resolved=resolved,
+        replay=metrics_path(run_dir, role),
+    )
+    writer = MetricsWriter(run_dir, role=role, progress=progress, trackers=trackers)
     # status.json: running, then finished / stopped / failed (trivium studio and scripts read it)
     with recorded(run_dir, writer.role, (RunStopped, KeyboardInterrupt), config=run_cfg.source, stages=names):
         _run_stages(run_cfg, run_dir, writer, state, point, progress)
@@ -91,16 +102,14 @@ def run(run_cfg: RunConfig, overwrite: bool = False, resume: bool = True) -> Pat
 
 
 def _run_stages(run_cfg: RunConfig, run_dir: Path, writer, state: RunState, point, progress) -> None:
-    """The stages from the resume point on, on the Ray cluster when ``cluster.backend`` is ray."""
+    """The stages from the resume point on, on the Ray cluster when ``cluster.backend`` is ray; the metrics
+    writer (and its trackers) and the cluster are closed at the end, failed or not."""
     cluster = None
-    if run_cfg.config.cluster.backend == "ray":
-        from trivium.launch.ray_cluster import RayCluster
-
-        cluster = RayCluster.connect(run_cfg.config, state.config_dir)
     try:
-        if cluster is not None:
-            from trivium.launch.ray_cluster import stage_requests
+        if run_cfg.config.cluster.backend == "ray":
+            from trivium.launch.ray_cluster import RayCluster, stage_requests
 
+            cluster = RayCluster.connect(run_cfg.config, state.config_dir)
             for stage in run_cfg.stages:  # every stage's requests, before any actor starts
                 cluster.check_fits(stage_requests(stage.config))
         for i, stage in enumerate(run_cfg.stages):

@@ -15,10 +15,14 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trivium.monitor.tracker_set import TrackerSet
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +44,20 @@ def metrics_path(run_dir: str | Path, role: str | None = None) -> Path:
 
 class MetricsWriter:
     """Appends records to ``metrics_path(run_dir, role)``; the file is created by the first record.
-    ``progress``: told of every record (the run-level progress line)."""
+    ``progress``: told of every record (the run-level progress line); ``trackers``: a ``TrackerSet`` that
+    gets every record once it is in the file (``monitor.backends``)."""
 
-    def __init__(self, run_dir: str | Path, role: str | None = None, progress: RunProgress | None = None):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        role: str | None = None,
+        progress: RunProgress | None = None,
+        trackers: TrackerSet | None = None,
+    ):
         self.path = metrics_path(run_dir, role)
         self.role = role
         self.progress = progress
+        self.trackers = trackers
         self._file = None
         self._t0 = time.time()
 
@@ -59,13 +71,15 @@ class MetricsWriter:
             self._file = self.path.open("a")
         self._file.write(json.dumps(clean) + "\n")
         self._file.flush()
+        if self.trackers is not None:
+            self.trackers.log(clean)
         if self.progress is not None:
             self.progress.on_record(clean)
 
     def drop_after(self, global_step: int) -> int:
         """Drop this file's records after ``global_step`` (a resumed process writes them again); returns
         how many were dropped. The file is rewritten atomically and reopened at the next record."""
-        self.close()
+        self._close_file()
         if not self.path.exists():
             return 0
         lines = [x for x in self.path.read_text().splitlines() if x.strip()]
@@ -77,6 +91,13 @@ class MetricsWriter:
         return len(lines) - len(kept)
 
     def close(self) -> None:
+        """Close the file and the trackers (a tracker run ends failed when an exception is on its way)."""
+        self._close_file()
+        if self.trackers is not None:
+            self.trackers.close(failed=sys.exc_info()[0] is not None)
+            self.trackers = None
+
+    def _close_file(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None

@@ -1,0 +1,276 @@
+"""``trivium doctor CONFIG``: what a config means, stage by stage, in words and numbers, before it runs.
+
+For each stage: experiences per step (tasks x repeat_times), mini-batches and optimizer steps per step,
+micro-batches per rank, the longest sequence and the tokens a step trains at most, weights versions
+between syncs and the staleness bound, total steps from epochs, and the memory each role needs
+(``memory_estimate.py``). Not the stall doctor of a running run (``launch/doctor.py``).
+
+It reads the data files (row counts, the longest prompt and answer in tokens) and the model's
+``config.json`` (parameters counted on the meta device: no weights are loaded); for a ``model.tiny`` recipe
+whose folder does not exist yet it builds the recipe's tokenizer in memory. It writes nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from trivium.launch.memory_estimate import DTYPE_BYTES, Estimate, ModelShape, Shapes, estimate, mib
+
+
+@dataclass
+class StageFacts:
+    """The derived numbers of one stage (the text is made from them; tests read them)."""
+
+    name: str
+    lines: list[str]
+    shapes: Shapes | None
+    estimate: Estimate | None
+    total_steps: int | None
+
+
+def model_and_tokenizer(cfg):
+    """The transformers config, the parameter count and a tokenizer, without loading weights."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = cfg.model.path
+    if path and Path(path).exists():
+        from trivium.models.loading import load_tokenizer
+
+        config, tokenizer = AutoConfig.from_pretrained(path), load_tokenizer(path)
+    elif cfg.model.tiny is not None:
+        from transformers import LlamaConfig, Qwen2Config
+
+        from trivium.launch.build import corpus_lines
+        from trivium.models.tiny import build_tokenizer
+
+        t = cfg.model.tiny
+        tokenizer = build_tokenizer(list(corpus_lines(t)), t.vocab_size, 4096)
+        config = {"qwen2": Qwen2Config, "llama": LlamaConfig}[t.architecture](
+            vocab_size=len(tokenizer),
+            hidden_size=t.hidden_size,
+            intermediate_size=t.intermediate_size,
+            num_hidden_layers=t.num_layers,
+            num_attention_heads=t.num_heads,
+            num_key_value_heads=t.num_kv_heads,
+            tie_word_embeddings=True,
+        )
+    else:
+        raise FileNotFoundError(f"model.path {path!r} does not exist and there is no model.tiny recipe")
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    params = sum(p.numel() for p in model.parameters())
+    c = model.config
+    heads = c.num_attention_heads
+    shape = ModelShape(
+        params=params,
+        layers=c.num_hidden_layers,
+        hidden=c.hidden_size,
+        heads=heads,
+        kv_heads=getattr(c, "num_key_value_heads", None) or heads,
+        head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
+        intermediate=c.intermediate_size,
+        vocab=c.vocab_size,
+    )
+    return shape, model, tokenizer
+
+
+def lora_params(model, lora) -> int:
+    """Adapter parameters: rank x (in + out) for every targeted linear layer (all-linear: all but the head)."""
+    import torch
+
+    names = lora.target_modules
+    total = 0
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear) or name.endswith("lm_head"):
+            continue
+        if names == "all-linear" or name.rsplit(".", 1)[-1] in names:
+            total += lora.rank * (module.in_features + module.out_features)
+    return total
+
+
+def longest_prompt(ts, tokenizer, seed: int) -> tuple[int, int]:
+    """(rows, longest rendered prompt in tokens) of a task set, as its workflow renders it when the
+    workflow says how (``messages``); otherwise the question field as one user message."""
+    from trivium.launch import build
+    from trivium.models.chat import render_ids
+    from trivium.workflows.registry import get_workflow
+
+    reader = build.task_reader(ts, seed, is_eval=False)
+    try:
+        workflow = get_workflow(ts.workflow)(**ts.workflow_args)
+        render = workflow.messages
+    except Exception:  # a workflow without single-turn messages: its first field as the user's message
+        render = None
+    longest = 0
+    for task in reader.all_tasks():
+        if render is not None:
+            messages = render(task)
+        else:
+            messages = [{"role": "user", "content": str(next(iter(task.data.values()), ""))}]
+        longest = max(longest, len(render_ids(tokenizer, messages, True)))
+    return len(reader), longest
+
+
+def longest_example(cfg, tokenizer) -> tuple[int, int]:
+    """(rows, longest prompt + response in tokens) of the SFT or preference dataset."""
+    from trivium.buffer.offline import PreferenceReader, SftReader
+
+    b = cfg.buffer
+    if b.sft_dataset is not None:
+        reader = SftReader(b.sft_dataset, tokenizer, seed=cfg.seed)
+        lengths = [int(reader.to_experience(t).tokens.numel()) for t in reader.reader.all_tasks()]
+    else:
+        reader = PreferenceReader(b.preference_dataset, tokenizer, seed=cfg.seed)
+        lengths = [
+            max(int(e.tokens.numel()) for e in reader.to_experiences(t)) for t in reader.reader.all_tasks()
+        ]
+    return len(lengths), max(lengths, default=0)
+
+
+def stage_facts(stage, index: int, count: int) -> StageFacts:
+    from trivium.algorithm.presets import get_preset
+
+    cfg = stage.config
+    head = (
+        f"stage {index + 1}/{count} {stage.name} (mode {cfg.mode}, algorithm {cfg.algorithm.algorithm_type})"
+    )
+    if cfg.mode in ("bench", "serve"):
+        what = "evaluates checkpoints" if cfg.mode == "bench" else "serves the policy"
+        return StageFacts(stage.name, [head, f"  {what}: no training steps"], None, None, None)
+    shape, model, tokenizer = model_and_tokenizer(cfg)
+    b, t, r, s = cfg.buffer, cfg.trainer, cfg.explorer.rollout, cfg.synchronizer
+    lines = [head]
+    explores = cfg.mode in ("both", "explore") or (cfg.mode == "train" and b.storage is not None)
+    if explores and b.taskset is not None:
+        rows, prompt = longest_prompt(b.taskset, tokenizer, cfg.seed)
+        k = b.taskset.repeat_times
+        experiences, seq = b.batch_size * k, prompt + r.max_tokens
+        lines.append(
+            f"  experiences  {b.batch_size} tasks per step (buffer.batch_size) x {k} samples each "
+            f"(taskset.repeat_times) = {experiences} experiences per step"
+        )
+        lines.append(
+            f"  tokens       longest prompt {prompt} tokens + at most {r.max_tokens} sampled "
+            f"(explorer.rollout.max_tokens) = {seq} per sequence; at most {experiences * seq:,} tokens per step"
+        )
+        unit = "tasks"
+    else:
+        rows, seq = longest_example(cfg, tokenizer)
+        experiences = b.batch_size
+        lines.append(f"  examples     {experiences} examples per step (buffer.batch_size)")
+        lines.append(
+            f"  tokens       longest example {seq} tokens (prompt + response); at most "
+            f"{experiences * seq:,} tokens per step"
+        )
+        unit = "rows"
+    if t.pack_length:
+        seq = t.pack_length
+        lines.append(f"               packed into rows of {seq} tokens (trainer.pack_length)")
+    total = b.total_steps or b.total_epochs * math.ceil(rows / b.batch_size)
+    how = (
+        "buffer.total_steps"
+        if b.total_steps
+        else f"{b.total_epochs} epoch(s) x ceil({rows} {unit} / {b.batch_size}) (buffer.total_epochs)"
+    )
+    lines.append(f"  steps        {total} steps ({how}); the data has {rows} {unit}")
+    mini = t.mini_batch_size or experiences
+    minis = math.ceil(experiences / mini)
+    trains = cfg.mode != "explore"  # the explore process of a decoupled run samples only
+    lines.append(
+        f"  updates      {experiences} per step / {mini} per mini-batch (trainer.mini_batch_size"
+        f"{' 0: the whole batch' if not t.mini_batch_size else ''}) = {minis} mini-batch(es) x "
+        f"{t.ppo_epochs} ppo_epochs = {minis * t.ppo_epochs} optimizer step(s) per step, "
+        f"{total * minis * t.ppo_epochs:,} in the stage"
+    )
+    per_rank = math.ceil(mini / t.world_size)
+    micro_rows = min(t.micro_batch_size, per_rank)
+    if not trains:
+        lines[-1] = "  updates      none in this process: the train process of the run trains what it writes"
+    else:
+        lines.append(
+            f"  micro        {per_rank} rows per mini-batch on each of {t.world_size} rank(s) / "
+            f"{t.micro_batch_size} (trainer.micro_batch_size) = {math.ceil(per_rank / t.micro_batch_size)} "
+            f"forward/backward pass(es) of up to {micro_rows} x {seq} tokens per optimizer step"
+        )
+    if cfg.mode == "both" or (cfg.mode == "train" and b.storage is not None):
+        bound = s.sync_interval - 1 + s.sync_offset
+        lines.append(
+            f"  weights      synced every {s.sync_interval} step(s) (synchronizer.sync_interval): "
+            f"{s.sync_interval} trainer version(s) per sync; the explorer runs up to {s.sync_offset} step(s) "
+            f"ahead (sync_offset), so an experience is at most {s.sync_interval} - 1 + {s.sync_offset} = "
+            f"{bound} version(s) old when trained"
+            + (
+                f" (max_staleness {s.max_staleness}: older ones {s.staleness_policy})"
+                if s.max_staleness is not None
+                else ""
+            )
+        )
+    preset = get_preset(cfg.algorithm.algorithm_type)
+    a = cfg.algorithm
+    needs_ref = a.kl_loss.coef > 0 or a.kl_penalty.coef > 0 or preset.needs_reference
+    needs_ref = needs_ref or preset.offline_data == "preference"
+    trainable = lora_params(model, cfg.model.lora) if cfg.model.lora is not None else shape.params
+    frozen = 1 if needs_ref and cfg.model.lora is None else 0
+    in_flight = 0  # sequences the engine samples at once: a step's tasks, or an evaluation's
+    if explores and b.taskset is not None and cfg.mode != "train":
+        tasks = cfg.explorer.max_concurrency or b.batch_size
+        in_flight = min(tasks, b.batch_size) * b.taskset.repeat_times
+    rollout_seq = seq if in_flight else 0
+    for ts in b.eval_tasksets:
+        n, prompt = longest_prompt(ts, tokenizer, cfg.seed)
+        in_flight = max(in_flight, min(cfg.explorer.max_concurrency or n, n) * cfg.explorer.eval.repeat_times)
+        rollout_seq = max(rollout_seq, prompt + r.max_tokens)
+    shapes = Shapes(
+        experiences=experiences,
+        rows_per_micro=micro_rows,
+        seq_len=seq,
+        in_flight=in_flight,
+        rollout_seq=rollout_seq,
+        trainable=trainable,
+        frozen_copies=frozen,
+        critic=preset.needs_critic,
+        rollout_engine=in_flight > 0 and r.engine_type == "transformers" and cfg.cluster.backend == "local",
+        overlap=s.sync_offset > 0,
+    )
+    shards = t.world_size if t.strategy == "fsdp2" else 1
+    est = estimate(shape, shapes, cfg.model.dtype, r.dtype or cfg.model.dtype, shards)
+    if not trains:  # the engine takes the policy over (no copy): its weights, KV cache and prefill only
+        est.parts.pop("trainer")
+        est.steady, est.train_transient = est.parts["rollout"]["weights"], 0.0
+    lines += memory_lines(shape, shapes, est, cfg)
+    return StageFacts(stage.name, lines, shapes, est, total)
+
+
+def memory_lines(shape: ModelShape, shapes: Shapes, est: Estimate, cfg) -> list[str]:
+    dtype, rdtype = cfg.model.dtype, cfg.explorer.rollout.dtype or cfg.model.dtype
+    lines = [
+        f"  model        {shape.params:,} parameters ({shape.layers} layers, hidden {shape.hidden}, "
+        f"{shape.heads} heads / {shape.kv_heads} kv heads, MLP {shape.intermediate}, vocab {shape.vocab}); "
+        f"{shapes.trainable:,} trainable",
+        f"  memory       estimate per role (model.dtype {dtype}: {DTYPE_BYTES[dtype]} bytes per value):",
+    ]
+    for role, parts in est.parts.items():
+        if role == "rollout":
+            note = f"rollout ({rdtype}, {shapes.in_flight} sequences in flight x {shapes.rollout_seq} tokens)"
+        else:
+            note = f"trainer (micro-batch {shapes.rows_per_micro} x {shapes.seq_len} tokens)"
+        lines.append(f"    {note}: " + ", ".join(f"{k} {mib(v)}" for k, v in parts.items()))
+    how = "sampling and training at once" if est.overlap else "the larger of training and sampling"
+    lines.append(
+        f"    peak       {mib(est.peak)}: weights and optimizer state {mib(est.steady)} + {how} "
+        f"(training {mib(est.train_transient)}, sampling {mib(est.rollout_transient)})"
+    )
+    return lines
+
+
+def explain(run_cfg) -> tuple[str, list[StageFacts]]:
+    """The doctor's text for a loaded ``RunConfig`` and the facts it is made from."""
+    facts = [stage_facts(s, i, len(run_cfg.stages)) for i, s in enumerate(run_cfg.stages)]
+    text = "\n\n".join("\n".join(f.lines) for f in facts)
+    peaks = [f.estimate.peak for f in facts if f.estimate is not None]
+    if peaks:
+        text += f"\n\nrun peak (largest stage): {mib(max(peaks))} of tensors; the process adds its libraries."
+    return text, facts

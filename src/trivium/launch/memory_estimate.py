@@ -1,0 +1,116 @@
+"""Memory a stage needs, per role, from the model's shape and the stage's batch shapes (``trivium doctor``).
+
+Every figure is bytes of tensors, counted from shapes and dtypes (docs/observability.md gives the formulas):
+
+- trainer: the policy's weights, its gradients (trainable weights, model dtype), AdamW's two moments (model
+  dtype), frozen copies (reference model), and the activations one micro-batch keeps for its backward pass:
+  per token and decoder layer ``ACT_PER_TOKEN_LAYER`` vectors (below), plus the head's logits: the logits,
+  their gradient and the softmax of the log-prob in float32 (3 x tokens x vocab);
+- rollout (transformers engine, in the same process): its own copy of the weights (rollout dtype), the KV
+  cache of every sequence in flight at its longest (2 x layers x kv width x tokens), and the prefill's
+  activations (one layer's MLP at a time, logits of the last position only);
+- the run's peak: weights and optimizer state stay for the whole step; training (activations and gradients)
+  and sampling (KV cache) alternate (``synchronizer.sync_offset`` 0), so the peak holds the larger of the two.
+  With ``sync_offset`` > 0 the explorer samples while the trainer trains, and the peak holds both.
+
+The per-token activation count of a decoder layer (Qwen2/Llama, autograd's saved tensors) is, in vectors:
+the layer's input and its normalised copy (2h), q after rotary, k and v (h + 2 kv), k and v repeated to
+every head for attention (2h), attention's output (h), the second norm's input and output (2h), the MLP's
+gate, up, activated gate and product (4i): ``9h + 2kv + 4i``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the estimate needs of a causal LM (from its transformers config; params counted exactly)."""
+
+    params: int
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+
+    @property
+    def kv_width(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    def act_per_token_layer(self) -> int:
+        """Values a decoder layer keeps per token for backward (module docstring)."""
+        return 9 * self.hidden + 2 * self.kv_width + 4 * self.intermediate
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """A stage's batch shapes (``config_doctor.derive``)."""
+
+    experiences: int  # sequences trained per step
+    rows_per_micro: int  # rows of one micro-batch on one rank
+    seq_len: int  # longest prompt + longest response, tokens
+    in_flight: int  # sequences the rollout engine samples at once
+    rollout_seq: int  # their longest prompt + max_tokens
+    trainable: int  # trainable parameters (LoRA: the adapters)
+    frozen_copies: int  # frozen full copies of the policy in the trainer (reference model)
+    critic: bool = False
+    rollout_engine: bool = True  # a transformers engine in this process
+    overlap: bool = False  # sampling and training at the same time (sync_offset > 0)
+
+
+@dataclass
+class Estimate:
+    """Bytes per role and part; ``peak`` is the run's process at its fullest."""
+
+    parts: dict[str, dict[str, float]] = field(default_factory=dict)  # role -> part -> bytes
+    steady: float = 0.0  # weights and optimizer state: there the whole step
+    train_transient: float = 0.0  # gradients and activations, while training
+    rollout_transient: float = 0.0  # KV cache and prefill, while sampling
+    overlap: bool = False  # sampling and training at the same time
+
+    @property
+    def peak(self) -> float:
+        if self.overlap:
+            return self.steady + self.train_transient + self.rollout_transient
+        return self.steady + max(self.train_transient, self.rollout_transient)
+
+
+def estimate(shape: ModelShape, s: Shapes, model_dtype: str, rollout_dtype: str, shards: int = 1) -> Estimate:
+    """Bytes of rank 0's process (which holds the explorer too); ``shards``: FSDP2's world size, over which
+    the trained weights, their gradients and the optimizer state are split (DDP keeps a full replica)."""
+    wb, rb = DTYPE_BYTES[model_dtype], DTYPE_BYTES[rollout_dtype]
+    tokens = s.rows_per_micro * s.seq_len
+    act = tokens * shape.layers * shape.act_per_token_layer() * wb
+    head = 3 * tokens * shape.vocab * 4  # logits, their gradient, the log-softmax's exp: float32
+    trainer = {
+        "weights": shape.params * wb * (1 / shards + s.frozen_copies),
+        "gradients": s.trainable * wb / shards,
+        "optimizer state": 2 * s.trainable * wb / shards,
+        "activations": act + head,
+    }
+    if s.critic:  # PPO's value model, the policy's size: weights, gradients and AdamW's two moments (its
+        trainer["critic"] = shape.params * wb * 4  # activations, a pass like the policy's, are not counted)
+    out = Estimate(overlap=s.overlap)
+    out.parts["trainer"] = trainer
+    # the critic's weights and moments (3 of its 4 parts) stay; its gradients come and go with the policy's
+    out.steady = trainer["weights"] + trainer["optimizer state"] + (trainer.get("critic", 0.0) * 0.75)
+    out.train_transient = trainer["gradients"] + trainer["activations"] + trainer.get("critic", 0.0) * 0.25
+    if s.rollout_engine:
+        kv = s.in_flight * shape.layers * 2 * shape.kv_width * s.rollout_seq * rb
+        # the prefill: one layer's hidden states and MLP at a time, for every sequence (logits: last only)
+        prefill = s.in_flight * s.rollout_seq * (2 * shape.hidden + 3 * shape.intermediate) * rb
+        rollout = {"weights": shape.params * rb, "KV cache": kv, "activations": prefill}
+        out.parts["rollout"] = rollout
+        out.steady += rollout["weights"]
+        out.rollout_transient = kv + prefill
+    return out
+
+
+def mib(n: float) -> str:
+    return f"{n / 2**20:,.1f} MiB" if n < 2**30 else f"{n / 2**30:,.2f} GiB"

@@ -1,0 +1,210 @@
+"""`trivium doctor`: the derived quantities of each stage, worked out here from the config by hand, and the
+memory estimate against the measured peak of real runs (quickstart and the 25M engine-benchmark model)."""
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from tests.launch.peak_rss import measure
+
+from trivium.config import load_config
+from trivium.launch.config_doctor import explain
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def small_config(tmp_path, model_dir, data_dir, **trainer):
+    cfg = {
+        "project": "doc",
+        "name": "small",
+        "checkpoint_root": str(tmp_path / "runs"),
+        "model": {"path": str(model_dir)},
+        "explorer": {"rollout": {"max_tokens": 10}},
+        "buffer": {
+            "batch_size": 4,
+            "total_epochs": 2,
+            "taskset": {"path": str(data_dir / "train.jsonl"), "repeat_times": 4},
+        },
+        "trainer": {"mini_batch_size": 8, "ppo_epochs": 2, "micro_batch_size": 3, **trainer},
+        "synchronizer": {"sync_interval": 2, "sync_offset": 1},
+        "stages": [
+            {"name": "rl"},
+            {
+                "name": "sft",
+                "mode": "train",
+                "algorithm": {"algorithm_type": "sft"},
+                "buffer": {
+                    "batch_size": 16,
+                    "total_steps": 5,
+                    "sft_dataset": {
+                        "path": str(data_dir / "sft.jsonl"),
+                        "fields": {"prompt": "question", "response": "answer"},
+                    },
+                },
+            },
+        ],
+    }
+    path = tmp_path / "small.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return load_config(path)
+
+
+def test_doctor_derives_each_quantity_of_each_stage(tmp_path, tiny_model_dir, word_problem_dir):
+    from transformers import AutoModelForCausalLM
+
+    from trivium.launch import build
+    from trivium.models.chat import render_ids
+    from trivium.models.loading import load_tokenizer
+
+    run_cfg = small_config(tmp_path, tiny_model_dir, word_problem_dir)
+    text, (rl, sft) = explain(run_cfg)
+    rows = len(build.task_reader(run_cfg.stages[0].config.buffer.taskset, 0, is_eval=False))
+    steps = 2 * math.ceil(rows / 4)  # total_epochs x ceil(rows / batch_size)
+    assert rl.total_steps == steps and f"{steps} steps (2 epoch(s) x ceil({rows} tasks / 4)" in text
+    assert (
+        "4 tasks per step (buffer.batch_size) x 4 samples each (taskset.repeat_times) = 16 experiences"
+        in text
+    )
+    # 16 experiences / mini-batches of 8 = 2, x 2 ppo_epochs = 4 optimizer steps; 8 rows / micro 3 = 3 passes
+    assert "= 2 mini-batch(es) x 2 ppo_epochs = 4 optimizer step(s) per step" in text
+    assert (
+        "8 rows per mini-batch on each of 1 rank(s) / 3 (trainer.micro_batch_size) = 3 forward/backward"
+        in text
+    )
+    assert "at most 2 - 1 + 1 = 2 version(s) old" in text  # sync_interval - 1 + sync_offset
+    tokenizer = load_tokenizer(tiny_model_dir)
+    prompt = max(
+        len(render_ids(tokenizer, [{"role": "user", "content": t.data["question"]}], True))
+        for t in build.task_reader(run_cfg.stages[0].config.buffer.taskset, 0, is_eval=False).all_tasks()
+    )
+    assert rl.shapes.seq_len == prompt + 10 and f"at most {16 * (prompt + 10):,} tokens per step" in text
+    assert sft.total_steps == 5 and sft.shapes.experiences == 16 and sft.shapes.in_flight == 0
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    params = sum(p.numel() for p in model.parameters())
+    assert f"{params:,} parameters" in text
+    w = rl.estimate.parts["trainer"]
+    assert w["weights"] == params * 4 and w["optimizer state"] == 2 * params * 4  # fp32 AdamW: two moments
+    kv = rl.estimate.parts["rollout"]["KV cache"]
+    c = model.config
+    assert (
+        kv
+        == 16
+        * c.num_hidden_layers
+        * 2
+        * c.num_key_value_heads
+        * (c.hidden_size // c.num_attention_heads)
+        * (prompt + 10)
+        * 4
+    )
+
+
+@pytest.mark.slow
+def test_doctor_cli_explains_or_names_the_bad_field(tmp_path, tiny_model_dir, word_problem_dir):
+    small_config(tmp_path, tiny_model_dir, word_problem_dir)
+    run = [sys.executable, "-m", "trivium.cli", "doctor", str(tmp_path / "small.yaml")]
+    ok = subprocess.run(run, capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert "stage 1/2 rl" in ok.stdout and "stage 2/2 sft" in ok.stdout and "peak" in ok.stdout
+    bad = subprocess.run(
+        [*run, "--set", "trainer.micro_batch_size=0"], capture_output=True, text=True, timeout=300
+    )
+    assert bad.returncode == 2 and "trainer.micro_batch_size" in bad.stderr
+
+
+def _quickstart_grpo(tmp_path) -> Path:
+    """The quickstart's GRPO stage alone, 2 steps, no eval, from its tiny model (made first, outside the
+    measured process), on one thread."""
+    q = yaml.safe_load((REPO / "examples/quickstart/grpo_word_problems.yaml").read_text())
+    data = REPO / "examples/quickstart/data"
+    q["model"]["tiny"]["corpus"] = [str(data / "train.jsonl"), str(data / "sft.jsonl")]
+    q["model"]["path"] = str(tmp_path / "model")
+    q["checkpoint_root"] = str(tmp_path / "runs")
+    grpo = q.pop("stages")[1]
+    grpo["buffer"]["taskset"]["path"] = str(data / "train.jsonl")
+    grpo["buffer"]["total_steps"] = 2
+    for key, value in grpo.items():  # the stage's sections over the top level's, one level deep
+        if key not in ("name", "buffer"):
+            q[key] = {**q.get(key, {}), **value} if isinstance(value, dict) else value
+    q["buffer"] = grpo["buffer"]  # without the top level's eval task sets: two steps, no evaluation
+    q.update(monitor={"progress_bar": False}, runtime={"num_threads": 1})
+    path = tmp_path / "quickstart_grpo.yaml"
+    path.write_text(yaml.safe_dump(q))
+    return path
+
+
+def _w25m(tmp_path) -> Path:
+    """The 25M model of benchmarks/engines.py (hidden 512, 8 layers, 8 heads / 4 kv, MLP 1536) in one GRPO
+    step on its explained word problems: 8 tasks x 8 samples, <= 128 new tokens, micro-batches of 16."""
+    from trivium.tasks.word_problems import write_word_problems
+
+    data = tmp_path / "w25m-data"
+    write_word_problems(data, seed=0, n_train=64, n_test=8, n_sft=256, style="explained")
+    w = {
+        "project": "mem",
+        "name": "w25m",
+        "checkpoint_root": str(tmp_path / "runs"),
+        "monitor": {"progress_bar": False},
+        "runtime": {"num_threads": 1},
+        "model": {
+            "path": str(tmp_path / "w25m"),
+            "tiny": {
+                "corpus": [str(data / "train.jsonl"), str(data / "sft.jsonl")],
+                "hidden_size": 512,
+                "num_layers": 8,
+                "num_heads": 8,
+                "num_kv_heads": 4,
+                "intermediate_size": 1536,
+                "vocab_size": 512,
+            },
+        },
+        "explorer": {"rollout": {"max_tokens": 128}, "eval_at_start": False},
+        "buffer": {
+            "batch_size": 8,
+            "total_steps": 1,
+            "taskset": {"path": str(data / "train.jsonl"), "repeat_times": 8},
+        },
+        "trainer": {"micro_batch_size": 16},
+    }
+    path = tmp_path / "w25m.yaml"
+    path.write_text(yaml.safe_dump(w))
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.parametrize("make", [_quickstart_grpo, _w25m], ids=["quickstart", "w25m"])
+def test_memory_estimate_within_30_percent_of_measured_peak(tmp_path, make):
+    from trivium.launch import build
+
+    path = make(tmp_path)
+    run_cfg = load_config(path)
+    build.ensure_model(run_cfg.stages[0].config, tmp_path)  # the model exists before the measured run
+    text, (facts,) = explain(load_config(path))
+    measured = measure(path)
+    estimated = facts.estimate.peak / 2**20
+    ratio = estimated / measured["peak_mb"]
+    print(f"{path.stem}: estimated {estimated:.0f} MiB, measured {measured}, ratio {ratio:.2f}")
+    assert 0.7 <= ratio <= 1.3, (text, measured)
+
+
+def test_the_explore_process_of_a_decoupled_run_holds_no_trainer(tmp_path, tiny_model_dir, word_problem_dir):
+    cfg = {
+        "mode": "explore",
+        "checkpoint_root": str(tmp_path / "runs"),
+        "model": {"path": str(tiny_model_dir)},
+        "buffer": {
+            "batch_size": 2,
+            "total_steps": 3,
+            "storage": {},
+            "taskset": {"path": str(word_problem_dir / "train.jsonl"), "repeat_times": 2},
+        },
+    }
+    (tmp_path / "explore.yaml").write_text(yaml.safe_dump(cfg))
+    text, (facts,) = explain(load_config(tmp_path / "explore.yaml"))
+    assert "none in this process" in text and "micro " not in text
+    assert list(facts.estimate.parts) == ["rollout"]
+    rollout = facts.estimate.parts["rollout"]
+    assert facts.estimate.peak == rollout["weights"] + rollout["KV cache"] + rollout["activations"]
