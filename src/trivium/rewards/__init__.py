@@ -1,5 +1,7 @@
 """Reward functions, looked up by name; importing this package registers the built-in ones."""
 
+from trivium.rewards import code as _code  # noqa: F401  (registers "code")
+from trivium.rewards import countdown as _countdown  # noqa: F401  (registers "countdown")
 from trivium.rewards import format as _format  # noqa: F401  (registers "format")
 from trivium.rewards import math as _math  # noqa: F401  (registers "math_verify" and "exact_match")
 from trivium.rewards.math import extract_final_answer
