@@ -140,3 +140,35 @@ def test_parsers_and_args():
         check_reward_args("llm_judge", {"url": "localhost:8000"})
     with pytest.raises(ValueError, match="max_concurrency"):
         check_reward_args("rubric", {"url": "http://x/v1", "max_concurrency": 0})
+
+
+def test_a_tiny_judge_served_by_trivium_s_own_endpoint(tiny_model_dir):
+    """The plumbing against the real endpoint: an untrained judge mostly replies nonsense, so the parse-
+    failure path runs; whatever it says, every answer gets a score in [0, 1] and a parsed one is cached."""
+    from trivium.models.batching import BatchingRolloutModel
+    from trivium.models.transformers_engine import TransformersEngine
+    from trivium.rewards import judge as judge_module
+    from trivium.serve.openai_server import OpenAIServer
+
+    engine = BatchingRolloutModel(TransformersEngine.from_pretrained(tiny_model_dir, seed=0))
+    with OpenAIServer(engine, model_name="tiny", api_key=KEY) as server:
+        reward = get_reward_fn(
+            "llm_judge",
+            {"url": f"{server.url}/v1", "model": "tiny", "api_key_env": "JUDGE_KEY_FOR_TEST", "scale": 100,
+             "retries": 1, "temperature": 1.0, "max_tokens": 6, "max_concurrency": 4},
+        )  # fmt: skip
+        answers = [f"{n} apples" for n in (3, 5, 7, 9, 11, 13)]  # distinct: see judge.py on the cache
+        with ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(lambda a: reward(a, {"question": "How many apples?"}), answers))
+        for r in results:
+            assert 0.0 <= r.reward <= 1.0
+            assert r.metrics["count/judge_unparsable"] in (0.0, 1.0)
+            assert r.metrics["count/judge_retries"] <= 1
+            if r.metrics["count/judge_unparsable"]:
+                assert r.reward == 0.0 and r.metrics["count/judge_retries"] == 1
+        parsed = [a for a, r in zip(answers, results) if not r.metrics["count/judge_unparsable"]]
+        cached = len(judge_module._cache)
+        for a in parsed:  # a parsed verdict is served from the cache: the same score, no new call
+            again = reward(a, {"question": "How many apples?"})
+            assert again.reward == results[answers.index(a)].reward
+        assert len(judge_module._cache) == cached

@@ -8,8 +8,9 @@ yes or no, weighted), from a model behind any OpenAI-compatible URL (Trivium's o
   empty name sends no key.
 - Calls go through the ``openai`` client. Answers are judged concurrently as the workflows score them (each
   task in its own thread); ``max_concurrency`` bounds the calls in flight to one URL across the run.
-- Results are cached per (url, model, judge prompt), and the prompt holds the question and the answer, so a
-  repeated (question, answer) pair is judged once (bounded: the oldest of ``CACHE_SIZE`` entries go first).
+- Parsed verdicts are cached per (url, model, judge prompt), and the prompt holds the question and the
+  answer, so a repeated (question, answer) pair is judged once (bounded: the oldest of ``CACHE_SIZE``
+  entries go first). Two threads judging the same new pair at once may both call the judge.
 - A reply without a score is asked again (``retries`` more times, at temperature 0 the same prompt may
   well give the same reply: raise ``temperature`` to vary it), then scored 0 and counted in
   ``count/judge_unparsable``. A call that fails (HTTP error, timeout) after the client's own retries
@@ -49,7 +50,7 @@ RUBRIC_PROMPT = (
     "Does the answer satisfy this criterion: {criterion}\nReply yes or no."
 )
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-_cache: OrderedDict[tuple[str, str, str], str] = OrderedDict()
+_cache: OrderedDict[tuple[str, str, str, str], float] = OrderedDict()
 _cache_lock = threading.Lock()
 _limits: dict[str, threading.BoundedSemaphore] = {}
 _clients: dict[tuple[str, str, float], Any] = {}
@@ -93,14 +94,8 @@ def _client(url: str, api_key_env: str, timeout_s: float):
     return _clients[key]
 
 
-def _ask(prompt: str, a: Mapping[str, Any], fresh: bool) -> str:
-    """The judge's reply to ``prompt`` (cached unless ``fresh``: a retry after an unparsable reply)."""
-    key = (a["url"], a["model"], prompt)
-    if not fresh:
-        with _cache_lock:
-            if key in _cache:
-                _cache.move_to_end(key)
-                return _cache[key]
+def _ask(prompt: str, a: Mapping[str, Any]) -> str:
+    """The judge's reply to ``prompt`` (one call, at most ``max_concurrency`` in flight per URL)."""
     limit = _limits.setdefault(a["url"], threading.BoundedSemaphore(a["max_concurrency"]))
     with limit:
         reply = _client(a["url"], a["api_key_env"], a["timeout_s"]).chat.completions.create(
@@ -109,22 +104,25 @@ def _ask(prompt: str, a: Mapping[str, Any], fresh: bool) -> str:
             temperature=a["temperature"],
             max_tokens=a["max_tokens"],
         )
-    text = reply.choices[0].message.content or ""
+    return reply.choices[0].message.content or ""
+
+
+def _judged(prompt: str, a: Mapping[str, Any], parse, kind: str) -> tuple[float | None, int]:
+    """The parsed verdict (None: unparsable after the retries) and how many retries it took. Only parsed
+    verdicts are cached, keyed by (url, model, how the reply is read, prompt)."""
+    key = (a["url"], a["model"], kind, prompt)
     with _cache_lock:
-        _cache[key] = text
-        while len(_cache) > CACHE_SIZE:
-            _cache.popitem(last=False)
-    return text
-
-
-def _judged(prompt: str, a: Mapping[str, Any], parse) -> tuple[float | None, int]:
-    """The parsed verdict (None: unparsable after the retries) and how many retries it took."""
+        if key in _cache:
+            _cache.move_to_end(key)
+            return _cache[key], 0
     for attempt in range(a["retries"] + 1):
-        value = parse(_ask(prompt, a, fresh=attempt > 0))
+        value = parse(_ask(prompt, a))
         if value is not None:
+            with _cache_lock:
+                _cache[key] = value
+                while len(_cache) > CACHE_SIZE:
+                    _cache.popitem(last=False)
             return value, attempt
-    with _cache_lock:  # do not keep an unparsable reply for the next identical prompt
-        _cache.pop((a["url"], a["model"], prompt), None)
     return None, a["retries"]
 
 
@@ -180,7 +178,8 @@ def llm_judge_reward(
     max_tokens: int = 16,
 ) -> RewardResult:
     a = _common(locals() | {"url": url})
-    score, tries = _judged(prompt.format(**_fields(response, data)), a, lambda r: parse_score(r, scale))
+    text = prompt.format(**_fields(response, data))
+    score, tries = _judged(text, a, lambda r: parse_score(r, scale), f"score/{scale}")
     metrics = {"count/judge_unparsable": float(score is None), "count/judge_retries": float(tries)}
     return RewardResult(score or 0.0, {"judge_score": score or 0.0, **metrics})
 
@@ -219,7 +218,7 @@ def rubric_reward(
     items, fields = _items(data, rubric), _fields(response, data)
     got = unparsable = tries = 0.0
     for criterion, weight in items:
-        verdict, n = _judged(prompt.format(**fields, criterion=criterion), a, parse_yes_no)
+        verdict, n = _judged(prompt.format(**fields, criterion=criterion), a, parse_yes_no, "yes_no")
         got += weight * (verdict or 0.0)
         unparsable += verdict is None
         tries += n
