@@ -114,3 +114,48 @@ def _sandboxed():
         except OSError:  # it ended meanwhile
             pass
     return found
+
+
+def _bare(code, *, isolate, uid=None):
+    """``code`` under the sandbox's OS limits only (no audit hook): what the kernel alone enforces."""
+    import subprocess
+    import sys
+
+    from trivium.rewards.sandbox import _preexec
+
+    python, _ = sandbox_python()
+    return subprocess.run(
+        [python if uid is not None else sys.executable, "-I", "-S", "-c", code],
+        preexec_fn=_preexec(SandboxLimits(), uid, isolate),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd="/",
+        env={"PATH": "/usr/bin:/bin"},
+    )
+
+
+def test_the_kernel_alone_keeps_the_network_out_where_namespaces_are_allowed():
+    import socket
+
+    from trivium.rewards.sandbox import network_isolated
+
+    if not network_isolated():
+        pytest.skip("this kernel refuses a network namespace: only the audit hook refuses sockets here")
+    server = socket.create_server(("127.0.0.1", 0))
+    code = f"import socket\nsocket.create_connection(('127.0.0.1', {server.getsockname()[1]}), timeout=5)"
+    try:
+        assert _bare(code, isolate=False).returncode == 0  # the control: without the namespace it connects
+        isolated = _bare(code, isolate=True)
+    finally:
+        server.close()
+    assert isolated.returncode != 0 and "Network is unreachable" in isolated.stderr
+
+
+def test_the_kernel_alone_refuses_writes_into_root_s_folders_for_the_sandbox_uid(tmp_path):
+    _, own_uid = sandbox_python()
+    if not own_uid:
+        pytest.skip("not root: the sandbox runs as this user, and only the audit hook refuses outside writes")
+    target = tmp_path / "escaped.txt"  # tmp_path is root's, mode 0700
+    out = _bare(f"open({str(target)!r}, 'w')", isolate=False, uid=SandboxLimits().uid_base + 255)
+    assert out.returncode != 0 and "PermissionError" in out.stderr and not target.exists()
