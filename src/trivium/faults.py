@@ -13,7 +13,7 @@ seeded draw decides whether a call raises ``InjectedFault`` or hangs, at the con
 | --- | --- | --- |
 | ``workflow`` | the explorer, before each attempt of a task's workflow | raises, or hangs past ``explorer.workflow_timeout_s`` |
 | ``env`` | every ``reset`` and ``step`` of an environment (multi-turn workflows) | raises, or hangs past ``env_timeout_s`` |
-| ``reward`` | every reward function call (``rewards/registry.py``) | raises |
+| ``reward`` | every reward function call (``rewards/registry.py``) | raises (scored 0: rewards/guard.py) |
 
 The explorer opens a ``scope`` per workflow attempt, keyed by the explore step, the task's place and id
 and the attempt; a draw hashes (seed, key, site, n-th call of that site in the attempt), so a run injects

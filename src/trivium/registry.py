@@ -158,12 +158,21 @@ class Registry(Generic[T]):
     """Parts of one seam (e.g. ``"policy loss"``), looked up by name or ``module:attr``.
 
     ``doc`` states the signature every part must have (shown in errors); ``check(obj)`` returns why an
-    object cannot be a part of this seam, or None (default: it must be callable).
+    object cannot be a part of this seam, or None (default: it must be callable). ``inputs``: how many
+    leading parameters are the seam's inputs; the parameters after them are the part's config ``args``.
     """
 
-    def __init__(self, seam: str, *, doc: str = "", check: Callable[[Any], str | None] | None = None) -> None:
+    def __init__(
+        self,
+        seam: str,
+        *,
+        doc: str = "",
+        check: Callable[[Any], str | None] | None = None,
+        inputs: int = 1,
+    ) -> None:
         self.seam = seam
         self.doc = doc
+        self.inputs = inputs
         self._check = check or (
             lambda obj: None if callable(obj) else f"is a {type(obj).__name__}, not callable"
         )
@@ -237,12 +246,12 @@ class Registry(Generic[T]):
         return iter(self.names())
 
     def check_args(self, name: str, args: Mapping[str, Any]) -> None:
-        """Raise ``TypeError`` naming unknown keys of ``args`` (the parameters after the first).
+        """Raise ``TypeError`` naming unknown keys of ``args`` (the parameters after the ``inputs``).
 
         Called before training starts so that a typo in a config fails with the list of valid keys, not
         with Python's "unexpected keyword argument" deep inside a step.
         """
-        params = list(inspect.signature(self.get(name)).parameters.values())[1:]  # after the inputs
+        params = list(inspect.signature(self.get(name)).parameters.values())[self.inputs :]
         if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
             return
         valid = sorted(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))

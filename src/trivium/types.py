@@ -43,6 +43,8 @@ class Task:
     taskset: str = ""  # name of the task set it came from
     index: int = -1  # row index in that task set
     raw: Mapping[str, Any] = field(default_factory=dict)
+    reward_args: Mapping[str, Any] = field(default_factory=dict)  # keyword arguments of the reward
+    reward_timeout_s: float = 0.0  # a reward call over this scores 0 (rewards/guard.py); 0 = no limit
 
 
 @dataclass(frozen=True)

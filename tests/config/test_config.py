@@ -249,3 +249,15 @@ def test_cluster_is_run_level(data_dir):
     raw["stages"] = [{"name": "a", "cluster": {"backend": "ray"}}]
     err = problems_of(raw, data_dir)
     assert any(p.path == "stages[0].cluster" and "run-level" in p.rule for p in err.problems)
+
+
+def test_reward_args_are_checked_by_the_reward(data_dir):
+    raw = base()
+    raw["buffer"]["taskset"].update({"reward_fn": "format", "reward_args": {"pattern": "(x"}})
+    (p,) = problems_of(raw, data_dir).problems
+    assert p.path == "buffer.taskset.reward_args" and "not a valid regular expression" in p.rule
+    raw["buffer"]["taskset"]["reward_args"] = {"patern": "x"}
+    (p,) = problems_of(raw, data_dir).problems
+    assert "unknown args ['patern']" in p.rule and "docs/rewards.md" in p.fix
+    raw["buffer"]["taskset"]["reward_args"] = {"pattern": "#### \\d+"}
+    validate_raw(raw, data_dir)  # a good one passes

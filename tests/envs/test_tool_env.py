@@ -5,6 +5,7 @@ import pytest
 
 from trivium.envs.base import make_env
 from trivium.envs.tool_env import CalculatorEnv, ToolEnv
+from trivium.rewards.guard import FAILURE_COUNTS
 from trivium.tools import format_tool_call
 from trivium.types import Task
 
@@ -37,7 +38,10 @@ def test_tool_call_then_scored_answer():
     assert list(result.observation) == [{"role": "tool", "content": str(37 * 48), "tool_call_id": "call_1_0"}]
     final = env.step("6 * 7 = 42\n#### 42")
     assert final.done and final.reward == 1.0
-    assert final.info == {"accuracy": 1.0, "format": 1.0, "tool_calls": 1.0, "tool_errors": 0.0, "turns": 2.0}
+    counts = dict.fromkeys(FAILURE_COUNTS, 0.0)  # the guarded reward's failure counts (rewards/guard.py)
+    assert final.info == {
+        "accuracy": 1.0, "format": 1.0, "tool_calls": 1.0, "tool_errors": 0.0, "turns": 2.0, **counts
+    }  # fmt: skip
 
 
 def test_wrong_answer_scores_zero():

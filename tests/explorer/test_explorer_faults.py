@@ -85,16 +85,29 @@ def test_raising_and_hanging_workflows_fail_their_tasks_and_are_counted(engine):
         assert ("InjectedFault" if kind == "raise" else "WorkflowTimeoutError") in r["reason"]
 
 
-def test_a_retry_draws_again_and_a_reward_fault_fails_the_workflow(engine):
+def test_a_retry_draws_again(engine):
     records = []
-    rates = FaultRates(seed=0, reward_raise=0.5)
+    rates = FaultRates(seed=0, workflow_raise=0.5)
     explorer = make(engine, rates, records, taskset=Tasks(6), batch_size=6, max_retries=3)
     metrics = explorer.explore_step(1)
-    assert metrics["faults/reward_raise"] > 0 and metrics["rollout/retries"] > 0
-    assert all("reward_raise" in r["reason"] and r["injected"] == ["reward_raise"] for r in records)
+    assert metrics["faults/workflow_raise"] > 0 and metrics["rollout/retries"] > 0
+    assert all("workflow_raise" in r["reason"] and r["injected"] == ["workflow_raise"] for r in records)
     failed = metrics["rollout/failed_tasks"]
     assert metrics["rollout/experiences"] == 2 * (6 - failed)
-    assert len(records) == metrics["faults/reward_raise"]  # one record per failed attempt
+    assert len(records) == metrics["faults/workflow_raise"]  # one record per failed attempt
+
+
+def test_a_reward_fault_scores_zero_and_is_counted_without_failing_the_task(engine):
+    """A raising reward (rewards/guard.py) scores 0 and counts in count/reward_error; the task goes on."""
+    records = []
+    explorer = make(engine, FaultRates(seed=0, reward_raise=0.5), records, taskset=Tasks(6), batch_size=6)
+    metrics = explorer.explore_step(1)
+    injected = metrics["faults/reward_raise"]
+    assert 0 < injected < 12 and records == []  # 6 tasks x 2 samples, each drawn on its own
+    assert metrics["rollout/failed_tasks"] == 0 and metrics["rollout/experiences"] == 12
+    assert metrics["rollout/count/reward_error"] == injected
+    zeroed = [e for e in explorer.queue.got if e.metrics["count/reward_error"] == 1.0]
+    assert len(zeroed) == injected and all(e.reward == 0.0 for e in zeroed)
 
 
 def test_evaluation_is_left_alone_unless_asked(engine):

@@ -11,7 +11,7 @@ def restore_registry():
 
 
 def test_builtins_are_registered_on_import():
-    assert {"math_verify", "exact_match"} <= set(REWARD_FNS)
+    assert {"math_verify", "exact_match", "format"} <= set(REWARD_FNS)
 
 
 def test_register_lookup_and_duplicate(restore_registry):
@@ -37,7 +37,8 @@ def test_a_plain_number_is_a_reward_and_nonsense_is_refused(restore_registry):
 
 
 def test_miss_lists_valid_names():
-    with pytest.raises(UnknownPartError, match=r"unknown reward function 'nope'.*exact_match, math_verify"):
+    valid = ", ".join(REWARD_FNS.names())  # sorted, every built-in
+    with pytest.raises(UnknownPartError, match=f"unknown reward function 'nope'. valid: {valid};"):
         get_reward_fn("nope")
 
 

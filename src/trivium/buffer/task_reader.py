@@ -62,6 +62,8 @@ class TaskSetReader:
         reward_fn: str,
         repeat_times: int,
         workflow_args: Mapping[str, Any] | None = None,
+        reward_args: Mapping[str, Any] | None = None,
+        reward_timeout_s: float = 0.0,
         is_eval: bool = False,
         split: str = "train",
         on_bad_row: Literal["error", "skip"] = "error",
@@ -99,6 +101,8 @@ class TaskSetReader:
             "reward_fn": reward_fn,
             "repeat_times": repeat_times,
             "workflow_args": dict(workflow_args or {}),
+            "reward_args": dict(reward_args or {}),
+            "reward_timeout_s": reward_timeout_s,
             "is_eval": is_eval,
             "taskset": name,
         }

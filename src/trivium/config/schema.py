@@ -154,7 +154,12 @@ class TaskSetConfig(StrictModel):
     workflow_args: dict[str, Any] = Field(default_factory=dict)
     """Extra arguments for the workflow (e.g. prompt_template, system_prompt)."""
     reward_fn: str = "math_verify"
-    """Registered reward function."""
+    """Registered reward function (docs/rewards.md), or your own as module:function."""
+    reward_args: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the reward function (e.g. pattern for format); checked by check-config."""
+    reward_timeout_s: float = Field(30.0, ge=0, le=SECONDS_MAX)
+    """A reward call still running after this many seconds scores 0 (counted in count/reward_timeout);
+    0 = no limit. A reward that raises scores 0 too (count/reward_error); neither fails the task."""
     repeat_times: int = Field(8, ge=1, le=10_000)
     """Responses sampled per task (the GRPO group size)."""
     shuffle: bool = True

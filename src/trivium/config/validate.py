@@ -411,13 +411,19 @@ def _check_data(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
 def _check_taskset_parts(path: str, ts: TaskSetConfig, at) -> list[Problem]:
     """The task set's workflow (its arguments and environment included), field names and reward."""
     from trivium.registry import UnknownPartError
-    from trivium.rewards.registry import REWARD_FNS
+    from trivium.rewards.registry import REWARD_FNS, check_reward_args
     from trivium.workflows.registry import WORKFLOWS
 
     out = []
     problem = REWARD_FNS.problem(ts.reward_fn)
     if problem:
         out.append(Problem(at(path + ".reward_fn"), ts.reward_fn, problem.rule, problem.fix))
+    else:
+        try:
+            check_reward_args(ts.reward_fn, ts.reward_args)
+        except (TypeError, ValueError) as exc:
+            fix = f"see the '{ts.reward_fn}' reward in docs/rewards.md for its arguments"
+            out.append(Problem(at(path + ".reward_args"), ts.reward_args, str(exc), fix))
     problem = WORKFLOWS.problem(ts.workflow)
     if problem:
         return [*out, Problem(at(path + ".workflow"), ts.workflow, problem.rule, problem.fix)]

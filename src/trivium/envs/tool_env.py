@@ -3,7 +3,7 @@
 An episode: the model gets the question (after a system prompt), may call tools in the format of
 ``trivium.tools.calls`` (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks), sees each
 result as a ``tool`` message, and ends with a turn without a tool call, its final answer, which the
-task's reward fn scores (``get_reward_fn(task.reward_fn)(answer, task.data)``).
+task's reward fn scores (``reward_for(task)(answer, task.data)``, rewards/guard.py).
 
 Design decisions:
 - A turn with any tool-call block, well-formed or not, is a tool turn: malformed blocks come back as
@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from trivium.envs.base import Environment, StepResult, register_env
-from trivium.rewards import get_reward_fn
+from trivium.rewards.guard import reward_for
 from trivium.tools import get_tools, parse_tool_calls, run_tool
 from trivium.types import Task
 
@@ -89,7 +89,7 @@ class ToolEnv(Environment):
                 f"the question column with fields: {{{self.question_field}: <your column>}} or set "
                 "env_args.question_field"
             )
-        get_reward_fn(task.reward_fn)  # an unknown reward name fails now, not after the episode
+        reward_for(task)  # an unknown reward name fails now, not after the episode
         self.task = task
         self.tool_calls = self.tool_errors = self.turns = 0
         self.done = False
@@ -125,7 +125,7 @@ class ToolEnv(Environment):
 
     def _final_answer(self, answer: str) -> StepResult:
         assert self.task is not None
-        result = get_reward_fn(self.task.reward_fn)(answer, self.task.data)
+        result = reward_for(self.task)(answer, self.task.data)
         self.done = True
         info = {**result.metrics, **self._counts()}
         return StepResult(reward=float(result.reward), done=True, info=info)

@@ -308,7 +308,8 @@ def at_k(results: Sequence[TaskResult], k: int, prefix: str) -> dict[str, float]
 
 
 def summarize(experiences: Sequence[Experience], prefix: str) -> dict[str, float]:
-    """Mean reward, accuracy and response length of experiences, plus every numeric workflow metric."""
+    """Mean reward, accuracy and response length of experiences, plus every numeric workflow metric:
+    averaged, except ``count/...`` metrics (e.g. ``count/reward_error``), which are summed."""
     if not experiences:
         return {f"{prefix}/count": 0.0}
     n = len(experiences)
@@ -323,5 +324,5 @@ def summarize(experiences: Sequence[Experience], prefix: str) -> dict[str, float
     keys = sorted({k for e in experiences for k in e.metrics})
     for k in keys:
         values = [e.metrics[k] for e in experiences if k in e.metrics]
-        out[f"{prefix}/{k}"] = sum(values) / len(values)
+        out[f"{prefix}/{k}"] = sum(values) if k.startswith("count/") else sum(values) / len(values)
     return out

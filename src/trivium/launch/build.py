@@ -167,6 +167,8 @@ def task_reader(ts: TaskSetConfig, seed: int, is_eval: bool):
         reward_fn=ts.reward_fn,
         repeat_times=1 if is_eval else ts.repeat_times,
         workflow_args=ts.workflow_args,
+        reward_args=ts.reward_args,
+        reward_timeout_s=ts.reward_timeout_s,
         is_eval=is_eval,
         on_bad_row=ts.on_bad_row,
         shuffle=ts.shuffle and not is_eval,

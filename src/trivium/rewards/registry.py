@@ -1,8 +1,15 @@
-"""The reward seam: ``fn(response, data) -> RewardResult``, looked up by name or ``module:function``.
+"""The reward seam: ``fn(response, data, **reward_args) -> RewardResult``, by name or ``module:function``.
 
-A reward sees the response text and the task's mapped fields (``Task.data``) and nothing else, so it is a
-pure function that can run in any worker thread. Callers never branch on the name. A function may also
-return a plain number; ``as_result`` turns it into a ``RewardResult``.
+A reward sees the response text, the task's mapped fields (``Task.data``) and the task set's
+``reward_args`` (keyword arguments after the two inputs, checked against the signature by
+``trivium check-config``) and nothing else, so it is a pure function that can run in any worker thread.
+Callers never branch on the name. A function may also return a plain number; ``as_result`` turns it into a
+``RewardResult``. A function may carry ``check_args(args) -> None`` (an attribute, set with
+``register_reward(name, check_args=...)``) that raises ``ValueError`` on bad values (a regex that does not
+compile): ``check_reward_args`` runs it at config validation, before any step.
+
+Workflows call rewards through ``rewards/guard.py`` (``reward_for(task)``): a time limit, and a reward that
+raises or overruns scores 0 with the reason counted instead of failing the task.
 """
 
 from __future__ import annotations
@@ -15,7 +22,15 @@ from typing import Any
 from trivium import faults
 from trivium.registry import Registry, callable_part
 
-__all__ = ["REWARD_FNS", "RewardFn", "RewardResult", "as_result", "get_reward_fn", "register_reward"]
+__all__ = [
+    "REWARD_FNS",
+    "RewardFn",
+    "RewardResult",
+    "as_result",
+    "check_reward_args",
+    "get_reward_fn",
+    "register_reward",
+]
 
 
 @dataclass(frozen=True)
@@ -24,23 +39,47 @@ class RewardResult:
     metrics: dict[str, float] = field(default_factory=dict)  # e.g. accuracy, format; averaged per step
 
 
-RewardFn = Callable[[str, Mapping[str, Any]], RewardResult]
+RewardFn = Callable[..., Any]  # (response: str, data: Mapping, **reward_args) -> RewardResult | float
 REWARD_FNS: Registry[RewardFn] = Registry(
-    "reward function", doc="fn(response: str, data: Mapping) -> RewardResult | float", check=callable_part
+    "reward function",
+    doc="fn(response: str, data: Mapping, **reward_args) -> RewardResult | float",
+    check=callable_part,
+    inputs=2,
 )
 
 
-def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
-    return REWARD_FNS.register(name)
+def register_reward(
+    name: str, *, check_args: Callable[[Mapping[str, Any]], None] | None = None
+) -> Callable[[RewardFn], RewardFn]:
+    """Decorator registering a reward; ``check_args(args)`` raises ``ValueError`` on bad ``reward_args``."""
+
+    def add(fn: RewardFn) -> RewardFn:
+        if check_args is not None:
+            fn.check_args = check_args  # type: ignore[attr-defined]
+        return REWARD_FNS.register(name)(fn)
+
+    return add
 
 
-def get_reward_fn(name: str) -> Callable[[str, Mapping[str, Any]], RewardResult]:
-    """The reward called ``name``, returning a ``RewardResult`` whatever the function itself returns."""
+def check_reward_args(name: str, args: Mapping[str, Any]) -> None:
+    """Raise ``TypeError`` (unknown keys) or ``ValueError`` (bad values) for a reward's ``reward_args``."""
+    REWARD_FNS.check_args(name, args)
+    check = getattr(REWARD_FNS.get(name), "check_args", None)
+    if callable(check):
+        check(args)
+
+
+def get_reward_fn(
+    name: str, args: Mapping[str, Any] | None = None
+) -> Callable[[str, Mapping[str, Any]], RewardResult]:
+    """The reward called ``name`` with ``args`` bound, returning a ``RewardResult`` whatever the function
+    itself returns. It raises what the function raises; ``guard.reward_for`` is the guarded call."""
     fn = REWARD_FNS.get(name)
+    kwargs = dict(args or {})
 
     def reward(response: str, data: Mapping[str, Any]) -> RewardResult:
         faults.at("reward", name)  # the fault-injection switch (trivium.faults); nothing when off
-        return as_result(fn(response, data), name)
+        return as_result(fn(response, data, **kwargs), name)
 
     reward.__wrapped__ = fn  # type: ignore[attr-defined]
     return reward

@@ -35,9 +35,9 @@ class MathWorkflow(Workflow):
         return msgs
 
     def run(self, task: Task, model: ModelHandle) -> list[Experience]:
-        from trivium.rewards.registry import get_reward_fn
+        from trivium.rewards.guard import reward_for
 
-        reward_fn = get_reward_fn(task.reward_fn)
+        reward_fn = reward_for(task)
         generations = model.chat(self.messages(task))
         out = []
         for i, gen in enumerate(generations):

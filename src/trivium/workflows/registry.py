@@ -41,5 +41,7 @@ def get_workflow(name: str):
 
 # Built-in workflows register themselves on import; their modules import nothing heavy at module level.
 from trivium.workflows import agent as _agent  # noqa: E402, F401
+from trivium.workflows import code as _code  # noqa: E402, F401
+from trivium.workflows import countdown as _countdown  # noqa: E402, F401
 from trivium.workflows import math as _math  # noqa: E402, F401
 from trivium.workflows import multi_turn as _multi_turn  # noqa: E402, F401

@@ -1,0 +1,227 @@
+"""Judged rewards: ``llm_judge`` (a 0..1 score from a judge prompt) and ``rubric`` (rubric items, each judged
+yes or no, weighted), from a model behind any OpenAI-compatible URL (Trivium's own endpoint included).
+
+    reward_fn: llm_judge
+    reward_args: {url: "http://127.0.0.1:8000/v1", model: judge, api_key_env: JUDGE_API_KEY}
+
+- The API key is read from the environment variable named by ``api_key_env`` (never from the config); an
+  empty name sends no key.
+- Calls go through the ``openai`` client. Answers are judged concurrently as the workflows score them (each
+  task in its own thread); ``max_concurrency`` bounds the calls in flight to one URL across the run.
+- Parsed verdicts are cached per (url, model, judge prompt), and the prompt holds the question and the
+  answer, so a repeated (question, answer) pair is judged once (bounded: the oldest of ``CACHE_SIZE``
+  entries go first). Two threads judging the same new pair at once may both call the judge.
+- A reply without a score is asked again (``retries`` more times, at temperature 0 the same prompt may
+  well give the same reply: raise ``temperature`` to vary it), then scored 0 and counted in
+  ``count/judge_unparsable``. A call that fails (HTTP error, timeout) after the client's own retries
+  raises, which the reward guard scores 0 and counts in ``count/reward_error``.
+
+``llm_judge``: the reply's last number, divided by ``scale`` (10 for a 0-10 judge), must lie in [0, 1].
+``rubric``: items from ``data["rubric"]`` when the task has them, else ``reward_args.rubric``: a list of
+``{criterion, weight}`` (or plain strings, weight 1); each is asked as a yes/no question about the answer;
+the reward is the weight of the items judged "yes" over the total weight.
+
+Left out: ``ruler`` (ranking a whole group of answers in one call) needs a group-level reward seam; the
+reward seam scores one answer. A judge served by an in-process engine without a URL is not built either:
+serve the judge with ``trivium serve`` (or any server) and give its URL.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from trivium.rewards.registry import RewardResult, register_reward
+
+__all__ = ["CACHE_SIZE", "JUDGE_PROMPT", "RUBRIC_PROMPT", "clear_cache", "parse_score", "parse_yes_no"]
+
+CACHE_SIZE = 100_000
+JUDGE_PROMPT = (
+    "Rate the answer to the question from 0 to 1 (1: fully correct and helpful).\n"
+    "Question: {question}\nReference answer: {reference}\nAnswer: {answer}\n"
+    "Reply with the score only."
+)
+RUBRIC_PROMPT = (
+    "Question: {question}\nAnswer: {answer}\n"
+    "Does the answer satisfy this criterion: {criterion}\nReply yes or no."
+)
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_cache: OrderedDict[tuple[str, str, str, str], float] = OrderedDict()
+_cache_lock = threading.Lock()
+_limits: dict[str, threading.BoundedSemaphore] = {}
+_clients: dict[tuple[str, str, float], Any] = {}
+
+
+def clear_cache() -> None:
+    with _cache_lock:
+        _cache.clear()
+
+
+def parse_score(reply: str, scale: float = 1.0) -> float | None:
+    """The reply's last number over ``scale``, if it lies in [0, 1]; else None."""
+    numbers = _NUMBER.findall(reply)
+    if not numbers:
+        return None
+    value = float(numbers[-1]) / scale
+    return value if 0.0 <= value <= 1.0 else None
+
+
+def parse_yes_no(reply: str) -> float | None:
+    words = re.findall(r"[a-z]+", reply.lower())
+    if not words or words[0] not in ("yes", "no"):
+        return None
+    return 1.0 if words[0] == "yes" else 0.0
+
+
+def _client(url: str, api_key_env: str, timeout_s: float):
+    import openai
+
+    key = (url, api_key_env, timeout_s)
+    if key not in _clients:
+        api_key = os.environ.get(api_key_env, "") if api_key_env else ""
+        if api_key_env and not api_key:
+            raise ValueError(
+                f"reward_args.api_key_env names {api_key_env!r}, which is not set in the environment: "
+                "export it before the run"
+            )
+        _clients[key] = openai.OpenAI(
+            base_url=url, api_key=api_key or "none", timeout=timeout_s, max_retries=2
+        )
+    return _clients[key]
+
+
+def _ask(prompt: str, a: Mapping[str, Any]) -> str:
+    """The judge's reply to ``prompt`` (one call, at most ``max_concurrency`` in flight per URL)."""
+    limit = _limits.setdefault(a["url"], threading.BoundedSemaphore(a["max_concurrency"]))
+    with limit:
+        reply = _client(a["url"], a["api_key_env"], a["timeout_s"]).chat.completions.create(
+            model=a["model"],
+            messages=[{"role": "user", "content": prompt}],
+            temperature=a["temperature"],
+            max_tokens=a["max_tokens"],
+        )
+    return reply.choices[0].message.content or ""
+
+
+def _judged(prompt: str, a: Mapping[str, Any], parse, kind: str) -> tuple[float | None, int]:
+    """The parsed verdict (None: unparsable after the retries) and how many retries it took. Only parsed
+    verdicts are cached, keyed by (url, model, how the reply is read, prompt)."""
+    key = (a["url"], a["model"], kind, prompt)
+    with _cache_lock:
+        if key in _cache:
+            _cache.move_to_end(key)
+            return _cache[key], 0
+    for attempt in range(a["retries"] + 1):
+        value = parse(_ask(prompt, a))
+        if value is not None:
+            with _cache_lock:
+                _cache[key] = value
+                while len(_cache) > CACHE_SIZE:
+                    _cache.popitem(last=False)
+            return value, attempt
+    return None, a["retries"]
+
+
+def _common(args: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "url": args["url"],
+        "model": args.get("model", "judge"),
+        "api_key_env": args.get("api_key_env", ""),
+        "timeout_s": float(args.get("timeout_s", 60.0)),
+        "max_concurrency": int(args.get("max_concurrency", 8)),
+        "retries": int(args.get("retries", 2)),
+        "temperature": float(args.get("temperature", 0.0)),
+        "max_tokens": int(args.get("max_tokens", 16)),
+    }
+
+
+def _check(args: Mapping[str, Any]) -> None:
+    url = args.get("url")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ValueError(
+            f"reward_args.url must be the judge's http(s) base URL (e.g. http://host:8000/v1), got {url!r}"
+        )
+    for key, low in (("max_concurrency", 1), ("retries", 0), ("max_tokens", 1)):
+        value = args.get(key, low)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"reward_args.{key} must be an integer >= {low}, got {value!r}")
+    for key in ("prompt",):
+        if key in args and not isinstance(args[key], str):
+            raise ValueError(f"reward_args.{key} must be text, got {args[key]!r}")
+
+
+def _fields(response: str, data: Mapping[str, Any]) -> dict[str, str]:
+    return {
+        "question": str(data.get("question", "")),
+        "reference": str(data.get("answer", "")),
+        "answer": response,
+    }
+
+
+@register_reward("llm_judge", check_args=_check)
+def llm_judge_reward(
+    response: str,
+    data: Mapping[str, Any],
+    url: str = "",
+    model: str = "judge",
+    api_key_env: str = "",
+    prompt: str = JUDGE_PROMPT,
+    scale: float = 1.0,
+    retries: int = 2,
+    timeout_s: float = 60.0,
+    max_concurrency: int = 8,
+    temperature: float = 0.0,
+    max_tokens: int = 16,
+) -> RewardResult:
+    a = _common(locals() | {"url": url})
+    text = prompt.format(**_fields(response, data))
+    score, tries = _judged(text, a, lambda r: parse_score(r, scale), f"score/{scale}")
+    metrics = {"count/judge_unparsable": float(score is None), "count/judge_retries": float(tries)}
+    return RewardResult(score or 0.0, {"judge_score": score or 0.0, **metrics})
+
+
+def _items(data: Mapping[str, Any], rubric: Sequence[Any] | None) -> list[tuple[str, float]]:
+    items = data.get("rubric", rubric)
+    out = []
+    for item in items or ():
+        if isinstance(item, str):
+            out.append((item, 1.0))
+        elif isinstance(item, Mapping) and isinstance(item.get("criterion"), str):
+            out.append((item["criterion"], float(item.get("weight", 1.0))))
+        else:
+            raise ValueError(f"a rubric item is a string or {{criterion, weight}}, got {item!r:.80}")
+    if not out or sum(w for _, w in out) <= 0:
+        raise ValueError("the rubric reward needs rubric items (task field 'rubric' or reward_args.rubric)")
+    return out
+
+
+@register_reward("rubric", check_args=_check)
+def rubric_reward(
+    response: str,
+    data: Mapping[str, Any],
+    url: str = "",
+    rubric: Sequence[Any] | None = None,
+    model: str = "judge",
+    api_key_env: str = "",
+    prompt: str = RUBRIC_PROMPT,
+    retries: int = 2,
+    timeout_s: float = 60.0,
+    max_concurrency: int = 8,
+    temperature: float = 0.0,
+    max_tokens: int = 4,
+) -> RewardResult:
+    a = _common(locals() | {"url": url})
+    items, fields = _items(data, rubric), _fields(response, data)
+    got = unparsable = tries = 0.0
+    for criterion, weight in items:
+        verdict, n = _judged(prompt.format(**fields, criterion=criterion), a, parse_yes_no, "yes_no")
+        got += weight * (verdict or 0.0)
+        unparsable += verdict is None
+        tries += n
+    score = got / sum(w for _, w in items)
+    metrics = {"count/judge_unparsable": unparsable, "count/judge_retries": tries}
+    return RewardResult(score, {"judge_score": score, **metrics})
