@@ -118,3 +118,13 @@ def test_the_schema_has_every_field_with_its_doc(studio):
     lr = schema["$defs"]["TrainerConfig"]["properties"]["lr"]
     assert lr["default"] > 0 and lr["description"] and "exclusiveMinimum" in lr
     assert json.dumps(schema).count('"description"') > 150
+
+
+def test_the_doctor_explains_a_config_and_refuses_an_invalid_one(studio):
+    path = tiny_run_config(studio.configs)
+    answer = studio.http.post("/api/doctor", json={"text": path.read_text()})
+    assert answer.status_code == 200, answer.text
+    text = answer.json()["text"]
+    assert "grpo" in text and "experiences per step" in text.lower() and "MiB" in text
+    bad = studio.http.post("/api/doctor", json={"text": "trainer:\n  lr: -1\n"})
+    assert bad.status_code == 422 and any(p["path"] == "trainer.lr" for p in bad.json()["problems"])

@@ -65,6 +65,11 @@ def test_build_a_config_launch_it_and_watch_it_learn(studio, browser, tmp_path):
     page.fill("#save-name", "built.yaml")
     page.click("#save")
     page.wait_for_selector("#flash.ok")
+    page.click("#run-doctor")
+    page.wait_for_selector('#doctor:has-text("MiB")')
+    assert "experiences per step" in page.inner_text("#doctor").lower()
+    page.locator("#doctor").scroll_into_view_if_needed()
+    page.screenshot(path=str(out / "doctor.png"))
     saved = yaml.safe_load((studio.configs / "built.yaml").read_text())
     assert saved["trainer"]["lr"] == 0.002 and saved["stages"][1]["name"] == "grpo"
 

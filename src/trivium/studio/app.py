@@ -107,6 +107,22 @@ def create_app(root: str | Path, config_dirs: list[str | Path], token: str | Non
         """The config's problems (each on its field), through the same checks as ``trivium check-config``."""
         return _validate(guard, body.text, body.folder)
 
+    @app.post("/api/doctor")
+    def doctor(body: ConfigText) -> dict[str, Any]:
+        """``trivium doctor``'s text for the config: per stage, every derived quantity and the memory estimate."""
+        from trivium.config.load import validate_raw
+        from trivium.config.safe_yaml import safe_yaml
+        from trivium.launch.config_doctor import explain
+
+        base = (
+            guard.inside(body.folder, "configs") if body.folder else (guard.config_dirs or (guard.root,))[0]
+        )
+        raw = safe_yaml(body.text, "the config")
+        if not isinstance(raw, dict):
+            raise run_control.Conflict("a config is a mapping (key: value lines)")
+        text, facts = explain(validate_raw(raw, base_dir=base, source="the config"))
+        return {"text": text, "stages": len(facts)}
+
     @app.get("/api/configs")
     def configs() -> list[dict[str, str]]:
         out = []

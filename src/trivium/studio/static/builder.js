@@ -226,6 +226,17 @@ export async function builderPage(page) {
             const link = el("a", { href: URL.createObjectURL(new Blob([toYaml(cfg) + "\n"], { type: "text/yaml" })), download: name.value || "config.yaml" });
             link.click();
           } }, "download"))),
+      el("div", { class: "panel" },
+        el("div", { class: "row" }, el("button", { id: "run-doctor", onclick: async () => {
+          const out = document.getElementById("doctor");
+          out.textContent = "…";
+          try {
+            out.textContent = (await api("/api/doctor", { json: { text: toYaml(cfg), folder: folder.value } })).text;
+          } catch (error) {
+            out.textContent = error.body && error.body.problems ? `fix the config first:\n${error.body.problems.map((p) => `${p.path}: ${p.rule}`).join("\n")}` : error.message;
+          }
+        } }, "doctor"), el("span", { class: "muted" }, "what this config means, per stage: quantities and memory (trivium doctor)")),
+        el("pre", { id: "doctor", class: "yaml" })),
       el("div", { class: "panel" }, el("div", { class: "muted" }, "YAML preview"), el("pre", { id: "yaml", class: "yaml" })))));
   cfg = {};
   redraw();
