@@ -137,8 +137,10 @@ class Trainer:
                 old_lp = self._logprobs(self.model, batch)
         elif not self.algorithm.needs_old_logprobs:
             old_lp = torch.zeros_like(batch.rollout_logprobs)
-        with timer("ref_logprobs"):
-            ref_lp = self._reference_logprobs(batch)
+        ref_lp = None
+        if self.ref_model is not None or self.reference_is_base:
+            with timer("ref_logprobs"):
+                ref_lp = self._reference_logprobs(batch)
         if self.teacher_model is not None:
             with timer("teacher_logprobs"):
                 teacher_lp = self._logprobs(self.teacher_model, batch)

@@ -1,13 +1,16 @@
 """Where one GRPO step's time goes: the quickstart's GRPO stage, its per-phase ``time/*`` metrics as a table.
 
-    python benchmarks/profile.py --model runs/quickstart/word-problems/checkpoints/sft/step_800/model
-    python benchmarks/profile.py                  # runs the quickstart's SFT stage first (~4 min)
-    python benchmarks/profile.py --steps 20 --set trainer.precision=bf16 --set explorer.rollout.dtype=bfloat16
+    python benchmarks/profile_step.py --model runs/quickstart/word-problems/checkpoints/sft/step_800/model
+    python benchmarks/profile_step.py                  # runs the quickstart's SFT stage first (~4 min)
+    python benchmarks/profile_step.py --steps 20 --set trainer.precision=bf16 --set explorer.rollout.dtype=bfloat16
 
 The workload is the quickstart's GRPO stage (16 prompts x 8 samples, 24 new tokens, lr 2e-4, greedy eval
 of 256 problems every 10 steps) from an SFT checkpoint. The first step is dropped (warm-up). For each
 phase (``src/trivium/monitor/phases.py``): median seconds per step and its share of the median step, and
 the run's peak RSS. ``--set KEY=VALUE`` passes config overrides to ``trivium run`` (e.g. the precision).
+
+Not named ``profile.py``: a script's folder comes first on ``sys.path``, and a ``profile.py`` there
+shadows the standard library's ``profile`` module (which ``cProfile`` imports) for every benchmark in it.
 """
 
 from __future__ import annotations
@@ -68,8 +71,8 @@ def table(records: list[dict]) -> str:
         raise SystemExit("no step records with time/step: is this trivium version profiling its steps?")
     total = statistics.median(r["time/step"] for r in steps)
     lines = [
-        f"{len(steps)} steps (first dropped), median {total:.3f} s/step; eval every "
-        f"{sum('time/eval' in r for r in steps)} of them",
+        f"{len(steps)} steps (first dropped), median {total:.3f} s/step; {sum('time/eval' in r for r in steps)} "
+        "of them evaluate (eval: the mean over all steps)",
         "",
         "| phase | median s/step | share of the step | what |",
         "| --- | --- | --- | --- |",
