@@ -2,6 +2,7 @@
 optimizer state, LoRA and the critic under autocast, the config checks."""
 
 import copy
+import math
 
 import pytest
 import torch
@@ -153,3 +154,26 @@ def test_critic_runs_under_bf16_with_float32_values(policy, tokenizer):
     assert all(p.dtype == torch.float32 for p in critic.model.parameters())
     state = [t for s in critic.optim.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
     assert {t.dtype for t in state if t.numel() > 1} == {torch.float32}
+
+
+def test_loss_scaling_skips_overflows_without_counting_them_as_bad_steps():
+    """fp16's path through Optimization, with torch's CPU GradScaler standing in for CUDA's (the same
+    class): an overflow skips the update and halves the scale; a finite step is unscaled before clipping."""
+    from trivium.trainer.optim import Optimization
+
+    model = torch.nn.Linear(3, 1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    optim = Optimization(model, TrainerConfig(lr=0.1, grad_clip=0.0), scaler=scaler)
+    optim.plan(10)
+    x = torch.ones(1, 3)
+    before = [p.detach().clone() for p in model.parameters()]
+    optim.backward(model(x).sum() * float("inf"))
+    assert not math.isfinite(optim.step())
+    assert optim.overflows == 1 and optim.skipped == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert scaler.get_scale() == 512.0
+    optim.backward(model(x).sum())
+    norm = optim.step()
+    assert norm == pytest.approx(2.0)  # unscaled: d(sum(w.x + b))/d(w, b) = (1, 1, 1, 1), norm 2
+    assert not torch.equal(before[0], model.weight)
+    assert "grad_scaler" in optim.state_dict()
