@@ -210,9 +210,14 @@ def _cmd_check(args) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
+    from trivium.trainer.precision import explain
+
     for stage in run_cfg.stages:
+        c = stage.config
         print(f"# stage: {stage.name}")
-        print(yaml.safe_dump(stage.config.model_dump(mode="json", exclude={"stages"}), sort_keys=False))
+        if c.mode in ("both", "train"):  # what this machine gives the trainer, and why
+            print(f"# {explain(c.trainer.precision, c.model.device, c.model.dtype)}")
+        print(yaml.safe_dump(c.model_dump(mode="json", exclude={"stages"}), sort_keys=False))
     print(f"OK: {args.config} is valid ({len(run_cfg.stages)} stage(s)).", file=sys.stderr)
     return 0
 

@@ -4,7 +4,8 @@ final weights.
 
     python tests/trainer/parity_worker.py MODEL_DIR OUT STRATEGY RANK WORLD INIT [LORA]
 
-TRIVIUM_PARITY_DEVICE=cuda runs rank r on cuda:r with NCCL (scripts/gpu_scale_check.sh).
+TRIVIUM_PARITY_DEVICE=cuda runs rank r on cuda:r with NCCL (scripts/gpu_scale_check.sh);
+TRIVIUM_PARITY_PRECISION (default fp32) sets trainer.precision.
 """
 
 import datetime
@@ -93,7 +94,7 @@ def main(model_dir, out, strategy, rank, world, init, use_lora=""):
             )
         trainer = Trainer(
             model,
-            TrainerConfig(lr=1e-3, **settings),
+            TrainerConfig(lr=1e-3, precision=os.environ.get("TRIVIUM_PARITY_PRECISION", "fp32"), **settings),
             spec,
             pad_token_id=0,
             total_steps=STEPS,

@@ -50,16 +50,16 @@ def run(model_dir, tmp_path, strategy, world, use_lora=""):
     return torch.load(out, weights_only=False)
 
 
-def assert_same(reference, other, label):
+def assert_same(reference, other, label, rtol=RTOL, atol_weights=ATOL_WEIGHTS):
     for scenario, ref in reference.items():
         got = other[scenario]
         for step, (a, b) in enumerate(zip(ref["steps"], got["steps"]), 1):
             for key in a:
-                assert b[key] == pytest.approx(a[key], rel=RTOL, abs=1e-7), (label, scenario, step, key)
+                assert b[key] == pytest.approx(a[key], rel=rtol, abs=1e-7), (label, scenario, step, key)
         assert ref["weights"].keys() == got["weights"].keys()
         for name, w in ref["weights"].items():
             gap = float((got["weights"][name] - w).abs().max())
-            assert gap <= ATOL_WEIGHTS, (label, scenario, name, gap)
+            assert gap <= atol_weights, (label, scenario, name, gap)
 
 
 @pytest.mark.integration
@@ -77,3 +77,28 @@ def test_single_ddp_and_fsdp2_give_the_same_steps(tiny_model_dir, tmp_path, use_
         base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
         assert single["sft"]["weights"].keys() == base.keys()
         assert any(not torch.equal(single["sft"]["weights"][k], base[k]) for k in base)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_ddp_under_bf16_autocast_matches_one_rank(tiny_model_dir, tmp_path, monkeypatch):
+    """trainer.precision bf16 with two DDP ranks against one bf16 rank: a rank's micro-batches hold other
+    rows, so bf16 products differ in their last bits; per step, loss and grad norm agree within bf16
+    rounding, and the weights' change agrees up to a few percent of its size (element-wise, AdamW
+    amplifies the rounding where a gradient is near 0: measured 1-1.5% of the change's norm). The weights
+    stay float32."""
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setenv("TRIVIUM_PARITY_PRECISION", "bf16")
+    single = run(tiny_model_dir, tmp_path, "single", 1)
+    ddp = run(tiny_model_dir, tmp_path, "ddp", 2)
+    start = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    for scenario, ref in single.items():
+        got = ddp[scenario]
+        for step, (a, b) in enumerate(zip(ref["steps"], got["steps"]), 1):
+            for key in a:
+                assert b[key] == pytest.approx(a[key], rel=2e-2, abs=1e-4), (scenario, step, key)
+        assert all(w.dtype == torch.float32 for w in got["weights"].values())
+        gap = torch.cat([(got["weights"][k] - w).flatten() for k, w in ref["weights"].items()])
+        moved = torch.cat([(w - start[k]).flatten() for k, w in ref["weights"].items()])
+        assert float(gap.norm() / moved.norm()) < 0.05, scenario

@@ -15,6 +15,7 @@ def check_layout(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
     problems += _check_storage(cfg, at)
     problems += _check_sync_method(cfg, at)
     problems += _check_strategy(cfg, at)
+    problems += _check_precision(cfg, at)
     problems += _check_lora_targets(cfg, at, check_files)
     problems += _check_cluster(cfg, at)
     problems += _check_faults(cfg, at)
@@ -162,6 +163,31 @@ def _check_sync_method(cfg: TriviumConfig, at) -> list[Problem]:
     if problem is None:
         return []
     return [Problem(at("synchronizer.method"), cfg.synchronizer.method, problem.rule, problem.fix)]
+
+
+def _check_precision(cfg: TriviumConfig, at) -> list[Problem]:
+    """trainer.precision: autocast needs float32 master weights, fp16 needs CUDA (trainer/precision.py;
+    where the device is 'auto', the trainer checks fp16 when it starts)."""
+    p, out = cfg.trainer.precision, []
+    if p in ("bf16", "fp16") and cfg.model.dtype != "float32":
+        out.append(
+            Problem(
+                at("trainer.precision"),
+                p,
+                f"{p} autocast keeps float32 master weights, but model.dtype loads them as {cfg.model.dtype}",
+                "set model.dtype: float32 (autocast gives the speed), or trainer.precision: fp32",
+            )
+        )
+    if p == "fp16" and cfg.model.device.startswith("cpu"):
+        out.append(
+            Problem(
+                at("trainer.precision"),
+                p,
+                "fp16 needs a CUDA device (dynamic loss scaling; CPUs have no fast float16)",
+                "use trainer.precision: bf16 or auto on CPU",
+            )
+        )
+    return out
 
 
 def _check_strategy(cfg: TriviumConfig, at) -> list[Problem]:

@@ -109,6 +109,7 @@ class Explorer:
         queue (fewer than batch_size x repeat_times when tasks failed).
         """
         t0 = time.perf_counter()
+        engine_s0 = getattr(self.model, "engine_seconds", 0.0)
         self._phase = f"explore:{step}"
         version = self.model.version
         kept: list[list[Experience]] = []
@@ -145,6 +146,7 @@ class Explorer:
                 )
         experiences = [e for group in kept[: self.batch_size] for e in group]
         gen_seconds = time.perf_counter() - t0
+        engine_seconds = getattr(self.model, "engine_seconds", 0.0) - engine_s0
         t1 = time.perf_counter()
         self.queue.put(experiences)
         metrics = summarize(sampled, "rollout")
@@ -158,6 +160,11 @@ class Explorer:
                 "rollout/seconds": gen_seconds,
                 "rollout/tokens_per_s": metrics.get("rollout/response_tokens", 0.0) / max(gen_seconds, 1e-9),
                 "rollout/queue_wait_seconds": time.perf_counter() - t1,
+                # the profile (docs/performance.md): time in the engine, and outside it (reward functions,
+                # environments, workflow code, waits for a batch to fill)
+                "time/rollout": gen_seconds,
+                "time/rollout_generate": engine_seconds,
+                "time/rollout_reward": max(0.0, gen_seconds - engine_seconds),
                 "rollout/model_version": float(version),
                 **self.model.metrics(),
             }

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from trivium.launch import build
 from trivium.launch.resume import ResumePoint
 from trivium.launch.stopping import RunStopped, StopRequests
 from trivium.monitor.metrics import MetricsWriter, Progress
+from trivium.monitor.phases import close_step
 from trivium.sync.versions import is_sync_step
 from trivium.trainer.checkpoint import prune_checkpoints, save_checkpoint
 
@@ -124,16 +126,21 @@ class StepEnd:
     eval_sync: Any = None
 
     def __call__(
-        self, step: int, record: dict, *, evaluate=True, resume=None, on_saved=None, save=False
+        self, step: int, record: dict, *, evaluate=True, resume=None, on_saved=None, save=False, profile=None
     ) -> Path | None:
         """End step ``step``; returns the checkpoint folder when one was written (``save``: whatever the
-        interval says)."""
+        interval says). ``profile``: ``(perf_counter at the step's start, seconds getting its batch)``,
+        for ``time/step`` and ``time/idle`` (``monitor/phases.py``)."""
         cfg, state = self.stage.config, self.state
         if evaluate and self.explorer is not None and eval_due(cfg, step, self.total):
+            t0 = time.perf_counter()
             if self.eval_sync is not None and self.explorer.model.version != state.version:
                 weights = self.trainer.export_weights(self.eval_sync.wire_dtype)
                 self.eval_sync.publish(weights, state.version)
             record.update(self.explorer.evaluate())
+            record["time/eval"] = time.perf_counter() - t0
+        if profile is not None:
+            close_step(record, time.perf_counter() - profile[0], profile[1])
         state.global_step += 1
         self.writer.write(
             {"stage": self.stage.name, "step": step, "global_step": state.global_step, **record}
@@ -183,13 +190,18 @@ def _steps(end_step, source, trainer, sync, stop, done, start_version, sync_inte
     """The steps of ``train_loop``; a stop request ends them after a step, its checkpoint written."""
     state, total = end_step.state, end_step.total
     for step in range(done + 1, total + 1):
+        t0 = time.perf_counter()
         batch, record = source.next(step, trainer_version=start_version + step - 1)
+        t1 = time.perf_counter()
         record.update(trainer.train_step(batch) if batch else {"train/skipped_steps": 1.0})
+        record["time/train"] = time.perf_counter() - t1
         maybe_die("train", step)
         if is_sync_step(step, sync_interval, total):
             state.version = start_version + step
             if sync is not None:
+                t2 = time.perf_counter()
                 record.update(sync.publish(trainer.export_weights(sync.wire_dtype), state.version))
+                record["time/sync"] = time.perf_counter() - t2
         saved = end_step(
             step,
             record,
@@ -197,6 +209,7 @@ def _steps(end_step, source, trainer, sync, stop, done, start_version, sync_inte
             resume={"start_version": start_version, **source.resume_state()},
             on_saved=source.checkpointed,
             save=stop.requested is not None,
+            profile=(t0, t1 - t0),
         )
         if stop.requested is not None and step < total:
             raise RunStopped(

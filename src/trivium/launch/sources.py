@@ -60,7 +60,8 @@ class ExperienceSource:
     def next(self, step: int, trainer_version: int, n: int | None = None) -> tuple[list, dict[str, Any]]:
         t0 = time.monotonic()
         taken = self.feed.take(self.per_step if n is None else n, step)
-        record: dict[str, Any] = {"buffer/wait_seconds": time.monotonic() - t0}
+        waited = time.monotonic() - t0
+        record: dict[str, Any] = {"buffer/wait_seconds": waited, "time/wait": waited}
         experiences, stale = staleness_filter(
             self.strategy(taken, step), trainer_version, self.max_staleness, self.staleness_policy
         )
@@ -101,12 +102,15 @@ class OnlineSource:
 
     def next(self, step: int, trainer_version: int) -> tuple[list, dict[str, Any]]:
         if self.ahead is not None:
+            t0 = time.perf_counter()
             record, self._explorer_state = self.ahead.next_result(step)
+            record = {**record, "time/wait": time.perf_counter() - t0}  # for the explorer thread
         else:
             record = self.explorer.explore_step(step)
             self._explorer_state = self.explorer.state_dict()
         maybe_die("explore", step)
         experiences, more = self.experiences.next(step, trainer_version, n=int(record["rollout/experiences"]))
+        more["time/wait"] = more["time/wait"] + record.get("time/wait", 0.0)
         record.update(more)
         return experiences, record
 

@@ -83,6 +83,7 @@ class BatchingRolloutModel:
         self.max_wait_s = max_wait_s  # callers outside worker(): longest wait for others to join a batch
         self.late_worker_grace_s = late_worker_grace_s  # announced workers: longest wait for one to start
         self.engine_calls = 0  # engine.generate calls made
+        self.engine_seconds = 0.0  # wall time inside engine.generate, all calls (the rollout profile)
         self.requests = 0  # generate calls received
         self._cv = threading.Condition()
         self._local = threading.local()
@@ -320,11 +321,13 @@ class BatchingRolloutModel:
         self._busy = True
         outcomes: list[tuple[list[_Request], list[list[Generation]] | Exception]] = []
         self._cv.release()
+        t0 = time.perf_counter()
         try:
             for params, group in _by_params(batch):
                 outcomes.append((group, self._call_engine(params, group)))
         finally:
             self._cv.acquire()
+            self.engine_seconds += time.perf_counter() - t0
             for group, outcome in outcomes:
                 start = 0
                 for r in group:

@@ -64,14 +64,27 @@ class Critic:
         self.optim.plan(total_updates)
         self.max_response_length = max_response_length
         self.aggregation = aggregation
+        self.precision = None  # the trainer's (set_precision): fp32 until then
+
+    def set_precision(self, precision) -> None:
+        """Run the value model's passes in the trainer's ``Precision`` (autocast, fp16 loss scaling); its
+        weights and AdamW state stay float32 and values are upcast to float32 (``ValueModel.forward``)."""
+        self.precision = precision
+        self.optim.scaler = precision.grad_scaler()
+
+    def _autocast(self):
+        import contextlib
+
+        return contextlib.nullcontext() if self.precision is None else self.precision.autocast()
 
     @torch.no_grad()
     def values(self, batch: TrainBatch, micro_batch_size: int) -> torch.Tensor:
         self.model.eval()
-        parts = [
-            self.model(batch.select_rows(torch.arange(i, min(i + micro_batch_size, batch.num_rows))))
-            for i in range(0, batch.num_rows, micro_batch_size)
-        ]
+        with self._autocast():
+            parts = [
+                self.model(batch.select_rows(torch.arange(i, min(i + micro_batch_size, batch.num_rows))))
+                for i in range(0, batch.num_rows, micro_batch_size)
+            ]
         return torch.cat(parts) * batch.loss_mask
 
     def update(
@@ -89,8 +102,10 @@ class Critic:
         for start in range(0, rows.numel(), micro_batch_size):
             idx = rows[start : start + micro_batch_size]
             sub = batch.select_rows(idx)
+            with self._autocast():
+                predicted = self.model(sub)
             loss, metrics = value_loss(
-                self.model(sub),
+                predicted,
                 old_values[idx],
                 returns[idx],
                 sub.loss_mask,
@@ -99,7 +114,7 @@ class Critic:
                 aggregation=self.aggregation,
                 scale=scale,
             )
-            loss.backward()
+            self.optim.backward(loss)
             weight = float(sub.loss_mask.sum()) / max(1.0, scale.num_tokens)
             for k, v in {"value/loss": float(loss.detach()), **metrics}.items():
                 sums[k] = sums.get(k, 0.0) + float(v) * (1.0 if k == "value/loss" else weight)

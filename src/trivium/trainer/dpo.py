@@ -20,6 +20,7 @@ from trivium.trainer.logprobs import batched_logprobs, token_logprobs
 from trivium.trainer.model_io import export_weights, save_model
 from trivium.trainer.optim import Optimization
 from trivium.trainer.parallel import Parallel
+from trivium.trainer.precision import choose_precision
 from trivium.types import PreferencePair, collate_pairs
 
 
@@ -38,7 +39,8 @@ class DpoTrainer:
         self.pad_token_id = pad_token_id
         self.device = next(model.parameters()).device
         self.parallel = Parallel(self.device)  # DPO trains on one rank (trainer.strategy single)
-        self.optim = Optimization(model, cfg)
+        self.precision = choose_precision(cfg.precision, self.device, next(model.parameters()).dtype)
+        self.optim = Optimization(model, cfg, scaler=self.precision.grad_scaler())
         self.optim.plan(total_steps)
         self.step = 0
 
@@ -46,7 +48,8 @@ class DpoTrainer:
         t0 = time.perf_counter()
         batch, chosen, rejected = collate_pairs(pairs, self.pad_token_id)
         batch = batch.to(self.device)
-        ref_lp = batched_logprobs(self.ref_model, batch, self.cfg.micro_batch_size)
+        with self.precision.autocast():
+            ref_lp = batched_logprobs(self.ref_model, batch, self.cfg.micro_batch_size)
         ref_sums = sequence_sums(ref_lp, batch.loss_mask, batch.seq_index, batch.num_seqs)
         self.model.train()
         n_pairs = len(pairs)
@@ -56,7 +59,8 @@ class DpoTrainer:
             k = torch.arange(start, min(start + per_micro, n_pairs))
             rows = torch.stack([chosen[k], rejected[k]], dim=1).flatten()  # pair order kept: c0 r0 c1 r1 ...
             sub = batch.select_rows(rows)
-            lp = token_logprobs(self.model, sub)
+            with self.precision.autocast():
+                lp = token_logprobs(self.model, sub)
             seq = sequence_sums(lp, sub.loss_mask, sub.seq_index, sub.num_seqs)
             # select_rows renumbers sequences in ascending original order, which is c0 r0 c1 r1 ... here
             loss, metrics = dpo_loss(
@@ -68,7 +72,7 @@ class DpoTrainer:
                 label_smoothing=self.dpo.label_smoothing,
             )
             share = k.numel() / n_pairs
-            (loss * share).backward()
+            self.optim.backward(loss * share)
             for key, v in {"dpo/loss": float(loss.detach()), **metrics}.items():
                 sums[key] = sums.get(key, 0.0) + float(v) * share
         grad_norm = self.optim.step()

@@ -8,20 +8,86 @@ from trivium.trainer.parallel import Parallel
 from trivium.types import TrainBatch
 
 
-def token_logprobs(model: torch.nn.Module, batch: TrainBatch, temperature: float = 1.0) -> torch.Tensor:
+def token_logprobs(
+    model: torch.nn.Module, batch: TrainBatch, temperature: float = 1.0, only_loss_tokens: bool = True
+) -> torch.Tensor:
     """``[R, L]`` float32: entry ``[r, t]`` = log p(input_ids[r, t] | input_ids[r, :t]) at ``temperature``.
 
     Position 0 (and every packed sequence start) has no prediction and is 0; callers mask with
-    ``batch.loss_mask``. Log-probs are taken in float32 whatever the model dtype, as
-    ``logit[token] - logsumexp(logits)``, which avoids materialising a second [R, L, V] tensor.
+    ``batch.loss_mask``. ``only_loss_tokens``: entries outside ``loss_mask`` are 0 and their logits are
+    never computed (see ``forward_logprobs``). Log-probs are float32 whatever the model dtype or autocast.
     """
-    return forward_logprobs(model, batch, temperature)[0]
+    return forward_logprobs(model, batch, temperature, only_loss_tokens=only_loss_tokens)[0]
 
 
 def forward_logprobs(
-    model: torch.nn.Module, batch: TrainBatch, temperature: float = 1.0, entropy: bool = False
+    model: torch.nn.Module,
+    batch: TrainBatch,
+    temperature: float = 1.0,
+    entropy: bool = False,
+    only_loss_tokens: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``token_logprobs`` and, when asked, the full-vocabulary entropy ``[R, L]`` at the same positions."""
+    """``token_logprobs`` and, when asked, the full-vocabulary entropy ``[R, L]`` at the same positions.
+
+    Only the positions that predict a ``loss_mask`` token get logits: the model runs with no vocabulary
+    projection at all (``logits_to_keep`` = no position) and its final hidden states at those positions
+    alone go through the output head, a ``[N, V]`` product instead of ``[R, L, V]`` (prompts and padding
+    cost no vocabulary projection; that is most of a forward pass at 150k vocabularies and short answers).
+    Entries outside ``loss_mask`` are 0. Models whose logits are not ``head(last hidden state)`` (logit
+    soft-capping or scaling) and models without ``logits_to_keep`` take the full path, as does
+    ``only_loss_tokens=False``. Logits are upcast to float32 before log-softmax in both.
+    """
+    head = _output_head(model) if only_loss_tokens else None
+    if head is None:
+        return _full_logprobs(model, batch, temperature, entropy)
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        use_cache=False,
+        output_hidden_states=True,
+        logits_to_keep=torch.empty(0, dtype=torch.long, device=batch.input_ids.device),
+    )
+    where = batch.loss_mask[:, 1:]  # [R, L-1]: position t-1 predicts loss token t
+    logits = head(out.hidden_states[-1][:, :-1][where]).float()  # [N, V]
+    if temperature != 1.0:
+        logits = logits / temperature
+    picked = logits.gather(-1, batch.input_ids[:, 1:][where].unsqueeze(-1)).squeeze(-1)
+    lp = _scatter(picked - torch.logsumexp(logits, dim=-1), where)
+    if not entropy:
+        return lp, None
+    from trivium.algorithm.losses_entropy import entropy_from_logits
+
+    return lp, _scatter(entropy_from_logits(logits, 1.0), where)
+
+
+def _scatter(values: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    """``values`` [N] at the True entries of ``where`` [R, L-1], zeros elsewhere, one zero column in
+    front: ``[R, L]`` target-aligned."""
+    out = values.new_zeros(where.shape).masked_scatter(where, values)
+    return torch.nn.functional.pad(out, (1, 0), value=0.0)
+
+
+def _output_head(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The module that maps final hidden states to logits, when the logits are exactly its output and
+    the model can skip its own projection; None otherwise (the full path)."""
+    import inspect
+
+    inner = getattr(model, "module", model)  # DDP
+    config = getattr(inner, "config", None)
+    get_head = getattr(inner, "get_output_embeddings", None)
+    if config is None or get_head is None:
+        return None
+    if any(getattr(config, k, None) for k in ("final_logit_softcapping", "logit_scale", "logits_scaling")):
+        return None
+    base = inner.get_base_model() if hasattr(inner, "get_base_model") else inner  # PEFT
+    if "logits_to_keep" not in inspect.signature(base.forward).parameters:
+        return None
+    return get_head()
+
+
+def _full_logprobs(model, batch: TrainBatch, temperature: float, entropy: bool):
+    """Logits at every position (``[R, L, V]``), log-probs at every position."""
     out = model(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
@@ -61,7 +127,8 @@ def batched_logprobs(
 
 
 def _rows(batch: TrainBatch, rows: torch.Tensor) -> TrainBatch:
-    """Row slice keeping the input tensors only (seq-level fields are not needed for a forward pass)."""
+    """Row slice keeping the input tensors and the loss mask only (seq-level fields are not needed for a
+    forward pass)."""
     import dataclasses
 
     return dataclasses.replace(
@@ -69,4 +136,5 @@ def _rows(batch: TrainBatch, rows: torch.Tensor) -> TrainBatch:
         input_ids=batch.input_ids[rows],
         attention_mask=None if batch.attention_mask is None else batch.attention_mask[rows],
         position_ids=batch.position_ids[rows],
+        loss_mask=batch.loss_mask[rows],
     )

@@ -41,10 +41,19 @@ def build_scheduler(optimizer: torch.optim.Optimizer, total: int, cfg: TrainerCo
 class Optimization:
     """One model's optimizer side: AdamW, the schedule (built once the number of updates is known), clipping."""
 
-    def __init__(self, model: torch.nn.Module, cfg: TrainerConfig, lr: float | None = None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cfg: TrainerConfig,
+        lr: float | None = None,
+        scaler: torch.amp.GradScaler | None = None,
+    ):
+        """``scaler``: fp16 loss scaling (``precision.py``); losses then go through ``backward``."""
         self.model = model
         self.cfg = cfg if lr is None else cfg.model_copy(update={"lr": lr})
         self.optimizer = build_optimizer(model.parameters(), self.cfg)
+        self.scaler = scaler
+        self.overflows = 0  # fp16 updates the loss scaler skipped (an overflow lowers the scale)
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
         self.planned_updates = 0
         self.skipped = 0  # updates not made: a non-finite or absurd gradient norm
@@ -58,19 +67,38 @@ class Optimization:
     def lr(self) -> float:
         return self.scheduler.get_last_lr()[0] if self.scheduler is not None else self.cfg.lr
 
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()``, through the loss scaler when there is one."""
+        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+
     def step(self) -> float:
         """Clip, step, advance the schedule, zero the gradients; returns the gradient norm before clipping.
 
         A norm that is non-finite or above ``trainer.skip_grad_norm`` makes no update (the optimizer and
-        the schedule stay where they were, ``skipped`` counts it): see ``guard.py``."""
+        the schedule stay where they were, ``skipped`` counts it): see ``guard.py``. With fp16 loss
+        scaling the gradients are unscaled first; an overflow there is the scaler's business (it lowers
+        its scale and skips the update, ``overflows`` counts it), not a bad step."""
         if self.scheduler is None:
             raise RuntimeError("Optimization.plan(total_updates) must be called before the first step")
         params = [p for p in self.model.parameters() if p.grad is not None]
+        scaled = self.scaler is not None and bool(params)
         norm = 0.0
+        if scaled:
+            self.scaler.unscale_(self.optimizer)
         if params:
             max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
             norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-        if math.isfinite(norm) and norm <= self.cfg.skip_grad_norm:
+        good = math.isfinite(norm) and norm <= self.cfg.skip_grad_norm
+        if scaled:
+            if good:
+                self.scaler.step(self.optimizer)
+                self.scheduler.step()
+            elif math.isfinite(norm):
+                self.skipped += 1
+            else:
+                self.overflows += 1  # the scaler saw the inf/nan: it lowers its scale, no update
+            self.scaler.update()
+        elif good:
             self.optimizer.step()
             self.scheduler.step()
         else:
@@ -102,6 +130,8 @@ class Optimization:
         }
         if include_optimizer:
             state["optimizer"] = self.optimizer.state_dict()
+        if self.scaler is not None:
+            state["grad_scaler"] = self.scaler.state_dict()
         return state
 
     def load_state_dict(self, state: dict, load_optimizer=None) -> None:
@@ -112,6 +142,8 @@ class Optimization:
         if state.get("scheduler") is not None:
             self.plan(state["planned_updates"])
             self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state.get("grad_scaler"):
+            self.scaler.load_state_dict(state["grad_scaler"])
         if load_optimizer is not None:
             load_optimizer(self.optimizer)
         elif "optimizer" not in state:

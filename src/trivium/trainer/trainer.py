@@ -11,6 +11,7 @@ along only to measure the training-inference mismatch, logged every step.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,14 +36,18 @@ from trivium.algorithm.rewards_shaping import (
     overlong_penalty,
 )
 from trivium.config.schema import OverlongPenaltyConfig, TrainerConfig
+from trivium.monitor.phases import PhaseTimer
 from trivium.trainer.critic import Critic
 from trivium.trainer.guard import NumericGuard
 from trivium.trainer.logprobs import batched_logprobs, forward_logprobs
 from trivium.trainer.model_io import SHARDS_DIR, export_weights, save_model
 from trivium.trainer.optim import Optimization
 from trivium.trainer.parallel import Parallel
+from trivium.trainer.precision import choose_precision
 from trivium.trainer.spec import AlgorithmSpec
 from trivium.types import Experience, TrainBatch, collate
+
+log = logging.getLogger(__name__)
 
 
 class Trainer:
@@ -82,6 +87,9 @@ class Trainer:
                 raise ValueError(f"advantage '{algorithm.advantage_fn}' needs {name}: pass {model_needed}")
         self.parallel = parallel or Parallel(next(model.parameters()).device)
         self.device = self.parallel.device
+        self.precision = choose_precision(cfg.precision, self.device, next(model.parameters()).dtype)
+        if self.parallel.is_leader:
+            log.info("%s", self.precision.describe(cfg.precision))
         self.model = self.parallel.wrap(model)
         self.cfg = cfg
         self.algorithm = algorithm
@@ -92,23 +100,28 @@ class Trainer:
         self.reference_is_base = reference_is_base
         self.teacher_model = teacher_model
         self.critic = critic
+        if critic is not None:
+            critic.set_precision(self.precision)
         self.kl_penalty = kl_penalty
         self.kl_penalty_estimator = kl_penalty_estimator
         self.overlong = overlong
-        self.optim = Optimization(self.model, cfg)  # its schedule is planned on the first step
+        self.optim = Optimization(self.model, cfg, scaler=self.precision.grad_scaler())  # planned at step 1
         self.guard = NumericGuard(cfg.max_abs_reward, cfg.max_bad_steps)
         self.total_steps = total_steps
         self.step = 0
         self.observer = None  # called with each step's batch before the update (TrajectoryRecorder)
+        self.timer = PhaseTimer(self.device)
         self.generator = torch.Generator().manual_seed(seed)
 
     def train_step(self, experiences: Sequence[Experience]) -> dict[str, float]:
         t0 = time.perf_counter()
+        timer = self.timer = PhaseTimer(self.device)  # time/<phase> of this step (monitor/phases.py)
         experiences, dropped = self.guard.rewards(experiences)
         if not experiences:
             return self._skipped_step(t0, dropped, "every experience had a non-finite or absurd reward")
         self.model.eval()
-        batch = collate(experiences, self.pad_token_id, self.cfg.pack_length).to(self.device)
+        with timer("collate"):
+            batch = collate(experiences, self.pad_token_id, self.cfg.pack_length).to(self.device)
         minis = self._mini_batches(batch)
         self.optim.plan(self.total_steps * self.cfg.ppo_epochs * len(minis))
         # With one update per batch the policy is unchanged until that update, so the old log-probs are
@@ -119,18 +132,27 @@ class Trainer:
         early_old = (
             "old_logprobs" in needs or self.kl_penalty is not None or self.algorithm.rollout_is_cap > 0
         )
-        old_lp = None
+        old_lp = teacher_lp = values = None
         if self.algorithm.needs_old_logprobs and (early_old or not single_update):
-            old_lp = self._logprobs(self.model, batch)
+            with timer("old_logprobs"):
+                old_lp = self._logprobs(self.model, batch)
         elif not self.algorithm.needs_old_logprobs:
             old_lp = torch.zeros_like(batch.rollout_logprobs)
-        ref_lp = self._reference_logprobs(batch)
-        teacher_lp = self._logprobs(self.teacher_model, batch) if self.teacher_model is not None else None
-        values = self.critic.values(batch, self.cfg.micro_batch_size) if self.critic is not None else None
-        advantages, returns, metrics = self._advantages(batch, old_lp, ref_lp, teacher_lp, values)
-        if self.algorithm.rollout_is_cap > 0:
-            advantages, m = self._rollout_correction(batch, old_lp, advantages)
-            metrics.update(m)
+        ref_lp = None
+        if self.ref_model is not None or self.reference_is_base:
+            with timer("ref_logprobs"):
+                ref_lp = self._reference_logprobs(batch)
+        if self.teacher_model is not None:
+            with timer("teacher_logprobs"):
+                teacher_lp = self._logprobs(self.teacher_model, batch)
+        if self.critic is not None:
+            with timer("values"):
+                values = self.critic.values(batch, self._micro_rows(batch))
+        with timer("advantages"):
+            advantages, returns, metrics = self._advantages(batch, old_lp, ref_lp, teacher_lp, values)
+            if self.algorithm.rollout_is_cap > 0:
+                advantages, m = self._rollout_correction(batch, old_lp, advantages)
+                metrics.update(m)
         if not bool(torch.isfinite(advantages).all()):
             return self._skipped_step(t0, dropped, "the advantages are not finite")
         if self.observer is not None:  # monitor/trajectories.py: per-token records, before the update
@@ -145,7 +167,8 @@ class Trainer:
             for rows in minis if epoch == 0 else self._mini_batches(batch):
                 part = self._update(batch, rows, old_lp, ref_lp, advantages, seen_lp) if train_policy else {}
                 if self.critic is not None:
-                    part.update(self.critic.update(batch, rows, values, returns, self.cfg.micro_batch_size))
+                    with timer("critic"):
+                        part.update(self.critic.update(batch, rows, values, returns, self._micro_rows(batch)))
                 for k, v in part.items():
                     sums[k] = sums.get(k, 0.0) + v
                 updates += 1
@@ -156,6 +179,9 @@ class Trainer:
             metrics.update(self._mismatch_metrics(batch, seen_lp if old_lp is None else old_lp))
         self.step += 1
         skipped = self.optim.skipped - skipped_before
+        if self.optim.scaler is not None:  # fp16: updates the loss scaler skipped so far, and its scale
+            metrics["train/amp_overflows"] = float(self.optim.overflows)
+            metrics["train/loss_scale"] = float(self.optim.scaler.get_scale())
         self.guard.step_done(
             self.step, f"{skipped} update(s) with a non-finite or absurd gradient norm" if skipped else None
         )
@@ -165,6 +191,8 @@ class Trainer:
                 "train/dropped_experiences": float(dropped),
                 "train/lr": self.optim.lr,
                 "train/step_seconds": time.perf_counter() - t0,
+                "time/train": time.perf_counter() - t0,
+                **timer.metrics(),
                 "train/sequences": float(batch.num_seqs),
                 "train/action_tokens": float(batch.loss_mask.sum()),
                 "train/reward_mean": float(batch.rewards.mean()),
@@ -205,7 +233,14 @@ class Trainer:
 
     def _logprobs(self, model: torch.nn.Module, batch: TrainBatch) -> torch.Tensor:
         forward = self.parallel.unwrap(model)  # no gradients: no DDP hooks (FSDP2 keeps its own)
-        return batched_logprobs(forward, batch, self.cfg.micro_batch_size, self.temperature, self.parallel)
+        with self.precision.autocast():
+            return batched_logprobs(forward, batch, self._micro_rows(batch), self.temperature, self.parallel)
+
+    def _micro_rows(self, batch: TrainBatch) -> int:
+        """Rows per forward pass: ``micro_batch_size``, fewer where ``max_tokens_per_micro_batch`` says
+        (every row of a batch has the batch's width, so a micro-batch holds rows x width tokens)."""
+        rows, budget = self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch
+        return min(rows, max(1, budget // batch.input_ids.shape[1])) if budget else rows
 
     def _reference_logprobs(self, batch: TrainBatch) -> torch.Tensor | None:
         if self.reference_is_base:
@@ -296,13 +331,15 @@ class Trainer:
         self.model.train(not self.algorithm.needs_old_logprobs)
         sums: dict[str, float] = {}
         total_loss = 0.0
-        passes = list(self.parallel.passes(rows, self.cfg.micro_batch_size))
+        passes = list(self.parallel.passes(rows, self._micro_rows(batch)))
+        timer = self.timer
         for n, (idx, real) in enumerate(passes):
             sub = batch.select_rows(idx)
-            with self.parallel.accumulating(self.model, last=n == len(passes) - 1):
-                lp, entropy = forward_logprobs(
-                    self.model, sub, self.temperature, entropy=self.algorithm.entropy_coef > 0
-                )
+            with timer("forward_backward"), self.parallel.accumulating(self.model, last=n == len(passes) - 1):
+                with self.precision.autocast():
+                    lp, entropy = forward_logprobs(
+                        self.model, sub, self.temperature, entropy=self.algorithm.entropy_coef > 0
+                    )
                 loss, m = actor_loss(
                     PolicyLossInputs(
                         logprobs=lp,
@@ -328,7 +365,7 @@ class Trainer:
                 # a filler pass (a rank short of rows) only joins the collectives: weight 0 everywhere,
                 # the same metric keys as a real pass, so that every rank sums the same keys
                 share = 1.0 if real else 0.0
-                (loss * share).backward()
+                self.optim.backward(loss * share)
             if real:
                 seen_lp[idx] = lp.detach()
             total_loss += share * float(loss.detach())
@@ -338,7 +375,8 @@ class Trainer:
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + float(v) * (share if k.startswith("loss/") else weight)
         sums = self.parallel.sum_floats({**sums, "train/loss": total_loss})
-        grad_norm = self.optim.step()
+        with timer("optimizer"):
+            grad_norm = self.optim.step()
         self.model.eval()
         return {**sums, "train/grad_norm": grad_norm}
 

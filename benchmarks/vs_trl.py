@@ -1,0 +1,286 @@
+"""TRL's GRPOTrainer against ``trivium run`` on the same SFT checkpoint, data and settings, alternating.
+
+    pip install -e '.[bench]'          # TRL
+    python benchmarks/vs_trl.py --model runs/quickstart/word-problems/checkpoints/sft/step_800/model
+    python benchmarks/vs_trl.py --model DIR --steps 3 --eval-every 3 --n-eval 32     # a smoke test
+
+The workload is the quickstart's GRPO stage: 16 prompts x 8 samples of its train set (in file order),
+<= 24 new tokens at T = 1, lr 2e-4 constant, PPO-clip with one update per batch, no KL, greedy accuracy
+on the test set every ``--eval-every`` steps (same reward function, ``math_verify``, same chat template).
+Each framework runs at its best CPU setting: TRL with ``bf16=True`` (``--trl-fp32`` turns it off), Trivium
+with what it chooses itself (``trainer.precision: auto``; ``--set KEY=VALUE`` adds overrides). Every run is
+its own process; ``--repeats`` alternating (TRL, Trivium) pairs. The first step of every run is dropped.
+
+Columns: median s/step; generated tokens per second of the whole step; the split of a step between
+rollout (sampling and rewards), training and eval; peak RSS of the process; the greedy accuracy curve.
+Timing needs a quiet machine: on a shared one the ratios are noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from grpo_overhead import DATA, QUICKSTART, _fix_paths  # noqa: E402
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+# --- TRL ------------------------------------------------------------------------------------------------
+def run_trl_inline(args) -> None:
+    """One TRL run in this process; prints one JSON line per step and a last ``{"summary": ...}``."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, PrinterCallback, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from trivium.models.loading import load_tokenizer
+    from trivium.rewards.registry import get_reward_fn
+
+    torch.set_flush_denormal(True)
+    torch.manual_seed(0)
+    tok = load_tokenizer(args.model)
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    reward = get_reward_fn("math_verify")
+    train = _jsonl(DATA / "train.jsonl")[: args.steps * args.prompts]
+    test = _jsonl(DATA / "test.jsonl")[: args.n_eval]
+
+    def chat(q: str) -> list[dict]:
+        return [{"role": "user", "content": q}]
+
+    data = Dataset.from_list([{"prompt": chat(r["question"]), "answer": r["answer"]} for r in train])
+
+    def exact(completions, answer, **_):
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [reward(t, {"answer": a}).reward for t, a in zip(texts, answer)]
+
+    gen = {"s": 0.0, "tokens": 0}
+    plain_generate = model.generate
+
+    def timed_generate(*a, **kw):
+        t0 = time.perf_counter()
+        out = plain_generate(*a, **kw)
+        gen["s"] += time.perf_counter() - t0
+        prompt_len = (kw.get("input_ids") if "input_ids" in kw else a[0]).shape[1]
+        new = out[:, prompt_len:]
+        done = (new == tok.eos_token_id).cumsum(1)  # tokens up to and including the first EOS
+        gen["tokens"] += int(((done == 0) | ((done == 1) & (new == tok.eos_token_id))).sum())
+        return out
+
+    model.generate = timed_generate
+
+    @torch.no_grad()
+    def evaluate() -> float:
+        model.eval()
+        right = 0
+        for i in range(0, len(test), 64):
+            rows = test[i : i + 64]
+            texts = [
+                tok.apply_chat_template(chat(r["question"]), tokenize=False, add_generation_prompt=True)
+                for r in rows
+            ]
+            enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+            out = plain_generate(
+                **enc, max_new_tokens=args.max_tokens, do_sample=False, pad_token_id=tok.pad_token_id
+            )
+            outs = tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+            right += sum(reward(o, {"answer": r["answer"]}).reward == 1 for o, r in zip(outs, rows))
+        model.train()
+        return right / len(test)
+
+    def emit(d):
+        print(json.dumps(d), flush=True)
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, a, state, control, **kw):
+            gen["s"], gen["tokens"], self.t0 = 0.0, 0, time.perf_counter()
+
+        def on_step_end(self, a, state, control, **kw):
+            step_s = time.perf_counter() - self.t0
+            row = {
+                "step": state.global_step,
+                "step_s": step_s,
+                "rollout_s": gen["s"],
+                "tokens": gen["tokens"],
+            }
+            if state.global_step % args.eval_every == 0 or state.global_step == args.steps:
+                t0 = time.perf_counter()
+                row["eval_acc"] = evaluate()
+                row["eval_s"] = time.perf_counter() - t0
+                row["step_s"] += row["eval_s"]
+            emit(row)
+
+    cfg = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl-"),
+        seed=0,
+        max_steps=args.steps,
+        per_device_train_batch_size=args.prompts * args.group,
+        gradient_accumulation_steps=1,
+        num_generations=args.group,
+        max_completion_length=args.max_tokens,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        beta=0.0,
+        loss_type="grpo",
+        shuffle_dataset=False,
+        use_vllm=False,
+        use_cpu=True,
+        bf16=not args.trl_fp32,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        log_completions=False,
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=exact,
+        args=cfg,
+        train_dataset=data,
+        processing_class=tok,
+        callbacks=[Clock()],
+    )
+    trainer.remove_callback(PrinterCallback)
+    trainer.train()
+    emit({"summary": {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}})
+
+
+def run_trl(args, work: Path) -> dict:
+    cmd = [sys.executable, __file__, "--side", "trl", "--model", str(args.model), *_shared_args(args)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=work).stdout
+    rows = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+    steps = [r for r in rows if "step_s" in r]
+    return {
+        "steps": steps[1:],
+        "curve": [(r["step"], r["eval_acc"]) for r in steps if "eval_acc" in r],
+        "peak_rss_mb": rows[-1]["summary"]["peak_rss_mb"],
+        "split": {
+            "rollout": [r["rollout_s"] for r in steps[1:]],
+            "train": [r["step_s"] - r["rollout_s"] - r.get("eval_s", 0.0) for r in steps[1:]],
+            "eval": [r.get("eval_s", 0.0) for r in steps[1:]],
+        },
+    }
+
+
+# --- Trivium --------------------------------------------------------------------------------------------
+def run_trivium(args, work: Path, tag: str) -> dict:
+    cfg = yaml.safe_load(QUICKSTART.read_text())
+    grpo = cfg["stages"][1]
+    cfg.update(
+        project="bench", name=f"vs-trl-{tag}", checkpoint_root=str(work), monitor={"progress_bar": False}
+    )
+    cfg["model"] = {"path": str(args.model)}
+    grpo["buffer"].update(total_steps=args.steps, batch_size=args.prompts)
+    grpo["buffer"]["taskset"].update(shuffle=False, repeat_times=args.group)
+    grpo["trainer"]["lr"] = args.lr
+    grpo.setdefault("explorer", {}).update(eval_interval=args.eval_every, eval_at_start=False)
+    cfg["explorer"]["rollout"]["max_tokens"] = args.max_tokens
+    cfg["stages"] = [grpo]
+    path = work / f"vs-trl-{tag}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    _fix_paths(path)
+    if args.n_eval < 256:  # a smaller test set, for smoke tests
+        test = work / "test_small.jsonl"
+        test.write_text("".join(json.dumps(r) + "\n" for r in _jsonl(DATA / "test.jsonl")[: args.n_eval]))
+        path.write_text(path.read_text().replace(str(DATA / "test.jsonl"), str(test)))
+    sets = [x for kv in args.overrides for x in ("--set", kv)]
+    cmd = [sys.executable, "-m", "trivium.cli", "run", "-c", str(path), "--overwrite", *sets]
+    subprocess.run(cmd, check=True, capture_output=True)
+    rows = [r for r in _jsonl(work / "bench" / f"vs-trl-{tag}" / "metrics.jsonl") if "time/step" in r]
+    steps = [
+        {"step_s": r["time/step"], "tokens": r.get("rollout/response_tokens", 0.0), **r} for r in rows[1:]
+    ]
+    return {
+        "steps": steps,
+        "curve": [(r["step"], r["eval/test/accuracy"]) for r in rows if "eval/test/accuracy" in r],
+        "peak_rss_mb": max(r.get("train/peak_rss_mb", 0.0) for r in rows),
+        "split": {
+            "rollout": [r.get("time/rollout", 0.0) for r in steps],
+            "train": [r.get("time/train", 0.0) for r in steps],
+            "eval": [r.get("time/eval", 0.0) for r in steps],
+        },
+    }
+
+
+# --- the table ------------------------------------------------------------------------------------------
+def row(name: str, runs: list[dict]) -> tuple[str, float, float]:
+    steps = [s for r in runs for s in r["steps"]]
+    s_step = statistics.median(s["step_s"] for s in steps)
+    tok_s = sum(s["tokens"] for s in steps) / sum(s["step_s"] for s in steps)
+    split = {k: statistics.mean(x for r in runs for x in r["split"][k]) for k in ("rollout", "train", "eval")}
+    whole = sum(split.values()) or 1.0
+    split_text = " / ".join(f"{100 * v / whole:.0f}%" for v in split.values())
+    rss = max(r["peak_rss_mb"] for r in runs)
+    curve = " ".join(f"{acc:.3f}" for _, acc in runs[-1]["curve"])
+    return f"| {name} | {s_step:.3f} | {tok_s:.0f} | {split_text} | {rss:.0f} | {curve} |", s_step, tok_s
+
+
+def _shared_args(args) -> list[str]:
+    out = ["--steps", str(args.steps), "--eval-every", str(args.eval_every), "--n-eval", str(args.n_eval)]
+    out += ["--prompts", str(args.prompts), "--group", str(args.group), "--lr", str(args.lr)]
+    out += ["--max-tokens", str(args.max_tokens)] + (["--trl-fp32"] if args.trl_fp32 else [])
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="the SFT checkpoint both start from")
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--eval-every", type=int, default=10)
+    ap.add_argument("--n-eval", type=int, default=256, help="test problems evaluated (256: all)")
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--lr", type=float, default=2e-4)
+    ap.add_argument("--max-tokens", type=int, default=24)
+    ap.add_argument("--repeats", type=int, default=1, help="alternating (TRL, Trivium) pairs")
+    ap.add_argument("--trl-fp32", action="store_true", help="TRL without bf16 (its default here is bf16)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--side", choices=["trl"], help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    args.model = Path(args.model).resolve()
+    if args.side == "trl":
+        run_trl_inline(args)
+        return 0
+    work = Path(tempfile.mkdtemp(prefix="trivium-vs-trl-"))
+    trl_runs, tri_runs = [], []
+    for r in range(args.repeats):
+        trl_runs.append(run_trl(args, work))
+        tri_runs.append(run_trivium(args, work, str(r)))
+        print(f"pair {r + 1} done", file=sys.stderr, flush=True)
+    trl_name = "TRL GRPOTrainer" + (" fp32" if args.trl_fp32 else " bf16")
+    tri_name = "trivium run" + (f" ({', '.join(args.overrides)})" if args.overrides else " (its own choice)")
+    print(
+        "| run | s/step (median) | generated tok/s | rollout / train / eval | peak RSS MB | greedy accuracy |"
+    )
+    print("| --- | --- | --- | --- | --- | --- |")
+    line, trl_s, trl_tok = row(trl_name, trl_runs)
+    print(line)
+    line, tri_s, tri_tok = row(tri_name, tri_runs)
+    print(line)
+    print(f"\nTrivium / TRL s/step: {tri_s / trl_s:.2f} (target <= 0.5); tokens/s: {tri_tok / trl_tok:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

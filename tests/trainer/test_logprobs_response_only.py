@@ -1,0 +1,102 @@
+"""Log-probs of loss tokens only (no vocabulary projection of prompts and padding) equal the full path's;
+micro-batches from a token budget give the same update."""
+
+import copy
+
+import pytest
+import torch
+from tests.trainer.test_trainer import make_trainer, sampled_experiences
+from transformers import AutoModelForCausalLM
+
+from trivium.config.schema import LoraConfig
+from trivium.models import lora
+from trivium.trainer.logprobs import _output_head, batched_logprobs, forward_logprobs
+from trivium.types import collate
+
+
+@pytest.fixture
+def policy(tiny_model_dir):
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+
+
+@pytest.fixture
+def tokenizer(tiny_model_dir):
+    from trivium.models.loading import load_tokenizer
+
+    return load_tokenizer(tiny_model_dir)
+
+
+def count_head_rows(model):
+    """Rows (positions) that went through the output head, counted by a forward hook."""
+    seen = []
+    head = model.get_output_embeddings()
+    handle = head.register_forward_hook(lambda m, inp, out: seen.append(inp[0].shape[:-1].numel()))
+    return seen, handle
+
+
+@pytest.mark.parametrize("pack_length", [None, 64])
+def test_loss_tokens_only_equal_the_full_path(policy, tokenizer, pack_length):
+    batch = collate(sampled_experiences(policy, tokenizer, n_prompts=3, group=3), 0, pack_length)
+    mask = batch.loss_mask
+    seen, handle = count_head_rows(policy)
+    fast, fast_h = forward_logprobs(policy, batch, temperature=0.7, entropy=True)
+    handle.remove()
+    full, full_h = forward_logprobs(policy, batch, temperature=0.7, entropy=True, only_loss_tokens=False)
+    assert seen == [0, int(mask.sum())]  # the model's own projection: none; then the loss tokens alone
+    assert torch.allclose(fast[mask], full[mask], atol=1e-5)
+    assert torch.allclose(fast_h[mask], full_h[mask], atol=1e-5)
+    assert bool((fast[~mask] == 0).all()) and bool((fast_h[~mask] == 0).all())
+    # gradients too: the same loss through either path
+    grads = []
+    for only in (True, False):
+        policy.zero_grad()
+        lp, _ = forward_logprobs(policy, batch, temperature=0.7, only_loss_tokens=only)
+        (lp[mask].sum()).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in policy.parameters() if p.grad is not None]))
+    assert torch.allclose(grads[0], grads[1], atol=1e-5)
+
+
+def test_peft_models_take_the_fast_path_and_their_base_serves_as_reference(policy, tokenizer):
+    model = lora.attach(copy.deepcopy(policy), LoraConfig(rank=4, alpha=8))
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.05)
+    assert _output_head(model) is not None
+    batch = collate(sampled_experiences(policy, tokenizer, n_prompts=2, group=2), 0)
+    mask = batch.loss_mask
+    fast = batched_logprobs(model, batch, 2)
+    full = forward_logprobs(model, batch, only_loss_tokens=False)[0]
+    assert torch.allclose(fast[mask], full[mask], atol=1e-5)
+    with model.disable_adapter():
+        base = batched_logprobs(model, batch, 2)
+    assert torch.allclose(base[mask], batched_logprobs(policy, batch, 2)[mask], atol=1e-5)
+    assert not torch.allclose(base[mask], fast[mask], atol=1e-3)  # the adapters do change it
+
+
+def test_token_budget_sets_the_micro_batch_and_keeps_the_update(policy, tokenizer):
+    exps = sampled_experiences(policy, tokenizer)
+    width = collate(exps, 0).input_ids.shape[1]
+    a, b = copy.deepcopy(policy), copy.deepcopy(policy)
+    budgeted = make_trainer(a, micro=16, sgd=True, grad_clip=0.0, max_tokens_per_micro_batch=3 * width + 1)
+    assert budgeted._micro_rows(collate(exps, 0)) == 3  # floor(budget / width) rows, under micro_batch_size
+    tiny_budget = make_trainer(copy.deepcopy(policy), micro=16, max_tokens_per_micro_batch=1)
+    assert tiny_budget._micro_rows(collate(exps, 0)) == 1  # never fewer than one row
+    ma = budgeted.train_step(exps)
+    mb = make_trainer(b, micro=16, sgd=True, grad_clip=0.0).train_step(exps)
+    assert ma["train/loss"] == pytest.approx(mb["train/loss"], abs=1e-6)
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert torch.allclose(pa, pb, atol=1e-6)
+
+
+def test_a_step_reports_its_phases(policy, tokenizer):
+    metrics = make_trainer(policy, micro=4).train_step(sampled_experiences(policy, tokenizer, n_prompts=2))
+    phases = {k for k in metrics if k.startswith("time/")}
+    assert {
+        "time/collate",
+        "time/forward_backward",
+        "time/optimizer",
+        "time/advantages",
+        "time/train",
+    } <= phases
+    parts = sum(v for k, v in metrics.items() if k.startswith("time/") and k != "time/train")
+    assert 0 < parts <= metrics["time/train"]

@@ -1,0 +1,179 @@
+"""Mixed precision: which precision a run gets and why, bf16 numerics against fp32, fp32 master weights and
+optimizer state, LoRA and the critic under autocast, the config checks."""
+
+import copy
+import math
+
+import pytest
+import torch
+from tests.trainer.test_trainer import sampled_experiences
+from transformers import AutoModelForCausalLM
+
+from trivium.config.schema import AlgorithmConfig, LoraConfig, TrainerConfig
+from trivium.models import lora
+from trivium.trainer.logprobs import token_logprobs
+from trivium.trainer.precision import choose_precision, fast_bf16
+from trivium.trainer.spec import AlgorithmSpec
+from trivium.trainer.trainer import Trainer
+from trivium.types import collate
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def policy(tiny_model_dir):
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+
+
+@pytest.fixture
+def tokenizer(tiny_model_dir):
+    from trivium.models.loading import load_tokenizer
+
+    return load_tokenizer(tiny_model_dir)
+
+
+def trainer_for(model, precision, algorithm="grpo", sgd=False, **kw):
+    cfg = TrainerConfig(lr=1e-3, micro_batch_size=4, grad_clip=0.0, precision=precision)
+    spec = AlgorithmSpec.from_config(AlgorithmConfig(algorithm_type=algorithm))
+    trainer = Trainer(model, cfg, spec, pad_token_id=0, total_steps=10, max_response_length=12, **kw)
+    if sgd:  # parameter change == -gradient
+        trainer.optim.optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
+    return trainer
+
+
+# --- the choice -------------------------------------------------------------------------------------------
+def test_cpu_probe_reads_the_bf16_flags(monkeypatch):
+    monkeypatch.delenv("TRIVIUM_FAST_BF16", raising=False)
+    assert fast_bf16(CPU, {"fpu", "avx512f", "avx512_bf16"})[0]
+    assert fast_bf16(CPU, {"amx_bf16", "amx_tile"})[0]
+    fast, why = fast_bf16(CPU, {"fpu", "avx512f"})
+    capability = torch.backends.cpu.get_cpu_capability()
+    assert fast == ("BF16" in capability.upper() or "AMX" in capability.upper())
+    assert capability in why
+
+
+def test_auto_follows_the_hardware_and_says_why(monkeypatch):
+    monkeypatch.setenv("TRIVIUM_FAST_BF16", "1")
+    chosen = choose_precision("auto", CPU)
+    assert (chosen.name, chosen.dtype) == ("bf16", torch.bfloat16)
+    assert "TRIVIUM_FAST_BF16=1" in chosen.describe("auto")
+    monkeypatch.setenv("TRIVIUM_FAST_BF16", "0")
+    assert choose_precision("auto", CPU).name == "fp32"
+    assert choose_precision("bf16", CPU).name == "bf16"  # asked for: given, with a note
+    assert choose_precision("fp32", CPU).dtype is None
+    # low-precision weights have no fp32 master copy: auto runs them as they are, bf16 is an error
+    assert choose_precision("auto", CPU, torch.bfloat16).name == "fp32"
+    with pytest.raises(ValueError, match=r"model\.dtype"):
+        choose_precision("bf16", CPU, torch.bfloat16)
+
+
+def test_fp16_off_cuda_is_an_error_naming_the_field():
+    with pytest.raises(ValueError, match=r"trainer.precision=fp16 needs a CUDA device"):
+        choose_precision("fp16", CPU)
+
+
+def test_config_check_names_the_field(tmp_path):
+    from trivium.config.schema import TriviumConfig
+    from trivium.config.validate import check_semantics
+
+    cfg = TriviumConfig.model_validate(
+        {
+            "model": {"path": str(tmp_path), "device": "cpu", "dtype": "bfloat16"},
+            "trainer": {"precision": "fp16"},
+        }
+    )
+    problems = [p for p in check_semantics(cfg, check_files=False) if "trainer.precision" in str(p)]
+    text = " ".join(map(str, problems))
+    assert len(problems) == 2, text
+    assert "CUDA" in text and "model.dtype" in text
+
+
+# --- numerics -----------------------------------------------------------------------------------------
+def test_logprobs_are_float32_under_autocast(policy, tokenizer):
+    batch = collate(sampled_experiences(policy, tokenizer, n_prompts=2, group=2), 0)
+    fp32 = token_logprobs(policy, batch)
+    with choose_precision("bf16", CPU).autocast():
+        bf16 = token_logprobs(policy, batch)
+    assert bf16.dtype == torch.float32
+    mask = batch.loss_mask
+    gap = (bf16 - fp32)[mask].abs()
+    assert 0 < gap.max() < 0.1  # autocast ran (not bitwise fp32), within bf16's ~3 significant digits
+
+
+def test_bf16_loss_and_gradient_match_fp32_within_bf16_tolerance(policy, tokenizer):
+    exps = sampled_experiences(policy, tokenizer)
+    a, b = copy.deepcopy(policy), copy.deepcopy(policy)
+    ma = trainer_for(a, "fp32", sgd=True).train_step(exps)
+    mb = trainer_for(b, "bf16", sgd=True).train_step(exps)
+    grad_a = torch.cat([(p0 - p).flatten() for p0, p in zip(policy.parameters(), a.parameters())])
+    grad_b = torch.cat([(p0 - p).flatten() for p0, p in zip(policy.parameters(), b.parameters())])
+    assert not torch.equal(grad_a, grad_b)  # bf16 really ran
+    cosine = torch.nn.functional.cosine_similarity(grad_a, grad_b, dim=0)
+    assert cosine > 0.99, float(cosine)
+    assert (grad_b.norm() - grad_a.norm()).abs() / grad_a.norm() < 0.05
+    assert mb["train/loss"] == pytest.approx(ma["train/loss"], abs=2e-2)
+    # the rollout engine sampled in fp32: its gap to the bf16 trainer is logged, and bf16-sized
+    assert 1e-4 < mb["mismatch/logprob_abs_max"] < 0.2
+    assert ma["mismatch/logprob_abs_max"] < 1e-4
+
+
+def test_weights_and_optimizer_state_stay_float32(policy, tokenizer):
+    trainer = trainer_for(policy, "bf16")
+    before = [p.detach().clone() for p in policy.parameters()]
+    trainer.train_step(sampled_experiences(policy, tokenizer, n_prompts=2))
+    assert all(p.dtype == torch.float32 for p in policy.parameters())
+    assert any(not torch.equal(p0, p) for p0, p in zip(before, policy.parameters()))
+    state = [t for s in trainer.optim.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+    assert {t.dtype for t in state if t.numel() > 1} == {torch.float32}
+    assert trainer.optim.scaler is None  # bf16 needs no loss scaling
+
+
+def test_lora_trains_under_bf16_with_float32_adapters(policy, tokenizer):
+    model = lora.attach(policy, LoraConfig(rank=4, alpha=8))
+    exps = sampled_experiences(policy, tokenizer, n_prompts=2)
+    trainer = trainer_for(model, "bf16", algorithm="grpo", reference_is_base=True)
+    adapters = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    metrics = trainer.train_step(exps)
+    assert torch.isfinite(torch.tensor(metrics["train/loss"]))
+    changed = [n for n, p in model.named_parameters() if p.requires_grad and not torch.equal(adapters[n], p)]
+    assert changed and all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_critic_runs_under_bf16_with_float32_values(policy, tokenizer):
+    from trivium.config.schema import CriticConfig
+    from trivium.trainer.critic import Critic, ValueModel
+
+    critic = Critic(ValueModel.from_causal_lm(policy), CriticConfig(), TrainerConfig(), 10, 12)
+    trainer = trainer_for(policy, "bf16", algorithm="ppo", critic=critic)
+    assert critic.precision is trainer.precision
+    exps = sampled_experiences(policy, tokenizer, n_prompts=2)
+    batch = collate(exps, 0)
+    assert critic.values(batch, 4).dtype == torch.float32
+    metrics = trainer.train_step(exps)
+    assert torch.isfinite(torch.tensor(metrics["value/loss"]))
+    assert all(p.dtype == torch.float32 for p in critic.model.parameters())
+    state = [t for s in critic.optim.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+    assert {t.dtype for t in state if t.numel() > 1} == {torch.float32}
+
+
+def test_loss_scaling_skips_overflows_without_counting_them_as_bad_steps():
+    """fp16's path through Optimization, with torch's CPU GradScaler standing in for CUDA's (the same
+    class): an overflow skips the update and halves the scale; a finite step is unscaled before clipping."""
+    from trivium.trainer.optim import Optimization
+
+    model = torch.nn.Linear(3, 1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    optim = Optimization(model, TrainerConfig(lr=0.1, grad_clip=0.0), scaler=scaler)
+    optim.plan(10)
+    x = torch.ones(1, 3)
+    before = [p.detach().clone() for p in model.parameters()]
+    optim.backward(model(x).sum() * float("inf"))
+    assert not math.isfinite(optim.step())
+    assert optim.overflows == 1 and optim.skipped == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert scaler.get_scale() == 512.0
+    optim.backward(model(x).sum())
+    norm = optim.step()
+    assert norm == pytest.approx(2.0)  # unscaled: d(sum(w.x + b))/d(w, b) = (1, 1, 1, 1), norm 2
+    assert not torch.equal(before[0], model.weight)
+    assert "grad_scaler" in optim.state_dict()
