@@ -55,7 +55,11 @@ def test_every_token_of_the_recorded_samples_carries_its_numbers(e2e, tmp_path):
 
 
 @pytest.mark.integration
-def test_few_samples_every_other_step_spread_over_the_groups(e2e, tmp_path):
-    records = read_trajectories(_run(e2e, tmp_path, grpo_steps=4, every=2, per_step=3))
-    assert [r["step"] for r in records] == [2, 2, 2, 4, 4, 4]
-    assert len({r["group_id"] for r in records if r["step"] == 2}) == 3  # first, middle and last group
+def test_few_samples_every_other_step_two_of_a_group_groups_spread(e2e, tmp_path):
+    records = read_trajectories(_run(e2e, tmp_path, grpo_steps=4, every=2, per_step=6))
+    assert [r["step"] for r in records] == [2] * 6 + [4] * 6
+    step2 = [r for r in records if r["step"] == 2]
+    groups = sorted({r["group_id"] for r in step2})
+    assert len(groups) == 3 and groups[-1] - groups[0] == 7  # the first, a middle and the last of 8 groups
+    assert all(sum(r["group_id"] == g for r in step2) == 2 for g in groups)
+    assert all(r["messages"][-1]["role"] == "user" and r["response"] is not None for r in records)

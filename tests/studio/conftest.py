@@ -54,7 +54,7 @@ def tiny_run_config(folder, name="tiny", sft_steps=4, grpo_steps=3):
     cfg["name"] = name
     cfg["stages"][0]["buffer"]["total_steps"] = sft_steps
     cfg["checkpoint_root"] = "runs"
-    cfg["monitor"]["trajectories"] = {"every": 2, "per_step": 4}
+    cfg["monitor"]["trajectories"] = {"every": 2, "per_step": 8}
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path

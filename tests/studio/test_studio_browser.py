@@ -5,14 +5,18 @@ runs; screenshots of every page (into TRIVIUM_STUDIO_SCREENSHOTS, e.g. docs/stud
 Needs Debian's chromium (.ci/run installs it); without it the test is skipped, unless
 TRIVIUM_REQUIRE_BROWSER=1 (set by .ci/run), where a missing browser fails it."""
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from tests.studio.conftest import tiny_run_config, wait_for
 
+from trivium.monitor.metrics import read_metrics
 from trivium.monitor.trajectories import read_trajectories
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -103,7 +107,7 @@ def test_build_a_config_launch_it_and_watch_it_learn(studio, browser, tmp_path):
     shown = float(token.get_attribute("data-advantage"))
     assert f"advantage {token.get_attribute('data-advantage')}" in token.get_attribute("title")
     records = read_trajectories(studio.root / "e2e" / "tiny")
-    assert len(records) == 3 * 4  # GRPO steps 2, 4, 6; 4 samples each
+    assert len(records) == 3 * 8  # GRPO steps 2, 4, 6; 8 samples each (2 of each of 4 groups)
     best = max(r["reward"] for r in records)
     match = next(
         r
@@ -116,6 +120,45 @@ def test_build_a_config_launch_it_and_watch_it_learn(studio, browser, tmp_path):
     page.select_option("#traj-sort", "advantage")
     page.wait_for_timeout(500)
     page.screenshot(path=str(out / "trajectories.png"), full_page=False)
+
+    # annotate: three picks by keyboard, then DPO trains on the pairs they wrote
+    page.goto(f"{studio.url}/#/annotate?id=e2e/tiny")
+    page.wait_for_selector("#annotate [data-answer]")
+    page.screenshot(path=str(out / "annotate.png"))
+    for _ in range(3):
+        key = page.locator("#annotate [data-key]").get_attribute("data-key")
+        page.keyboard.press("1")
+        page.wait_for_function(f"!document.querySelector('#annotate [data-key=\"{key}\"]')")
+    pairs = [
+        json.loads(x) for x in (studio.configs / "annotations" / "e2e__tiny.jsonl").read_text().splitlines()
+    ]
+    assert len({p["source"]["key"] for p in pairs}) == 3 and all(p["chosen"] != p["rejected"] for p in pairs)
+    dpo = {
+        "project": "e2e",
+        "name": "dpo",
+        "checkpoint_root": str(tmp_path / "dpo-runs"),
+        "mode": "train",
+        "model": {"path": str(studio.root / "e2e" / "tiny" / "checkpoints" / "grpo" / "step_6" / "model")},
+        "algorithm": {"algorithm_type": "dpo"},
+        "buffer": {
+            "batch_size": 2,
+            "total_steps": 2,
+            "preference_dataset": {"path": "annotations/e2e__tiny.jsonl"},
+        },
+        "monitor": {"progress_bar": False},
+    }
+    (studio.configs / "dpo.yaml").write_text(yaml.safe_dump(dpo))
+    trained = subprocess.run(
+        [sys.executable, "-m", "trivium.cli", "run", "-c", str(studio.configs / "dpo.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert [r["step"] for r in read_metrics(tmp_path / "dpo-runs" / "e2e" / "dpo") if "dpo/loss" in r] == [
+        1,
+        2,
+    ]
 
     # compare: two runs overlaid
     page.goto(f"{studio.url}/#/runs")

@@ -2,7 +2,7 @@
 
 Every ``monitor.trajectories.every`` train steps of an RL stage the trainer hands its batch to a
 ``TrajectoryRecorder`` before the update (the weights that sampled it, or the trainer's newest when
-off-policy). For ``per_step`` experiences spread over the step's groups, one line each holds the prompt and
+off-policy). For ``per_step`` experiences (two or more of a group, groups spread over the step), one line each holds the prompt and
 response tokens (ids and text) and, per response token: the rollout engine's log-prob, the trainer's
 log-prob and full-vocabulary entropy at the same weights (one extra forward pass over those rows, no
 gradients), the advantage the loss uses, and the action mask (False: an environment or tool token inside a
@@ -60,10 +60,7 @@ class TrajectoryRecorder:
             return
         from trivium.trainer.logprobs import forward_logprobs
 
-        n = len(experiences)
-        chosen = sorted(
-            {round(i * (n - 1) / max(1, self.per_step - 1)) for i in range(min(self.per_step, n))}
-        )
+        chosen = self._choose(experiences)
         rows = sorted({int(_row_of(batch, i)) for i in chosen})
         sub = dataclasses.replace(
             batch,
@@ -86,6 +83,18 @@ class TrajectoryRecorder:
             f.flush()
             os.fsync(f.fileno())
 
+    def _choose(self, experiences: Sequence) -> list[int]:
+        """``per_step`` experiences, at least two of each group taken (answers to compare), from groups
+        spread over the step (the first, the last, evenly between)."""
+        by_group: dict[int, list[int]] = {}
+        for i, e in enumerate(experiences):
+            by_group.setdefault(e.group_id, []).append(i)
+        groups = list(by_group.values())
+        per_group = max(2, -(-self.per_step // len(groups)))
+        count = min(len(groups), -(-self.per_step // per_group))
+        picked = sorted({round(j * (len(groups) - 1) / max(1, count - 1)) for j in range(count)})
+        return sorted(i for g in picked for i in groups[g][:per_group])[: self.per_step]
+
     def _line(self, step, e, span, sub_row, row, trainer_lp, entropy, advantages) -> dict[str, Any]:
         p = e.prompt_length
         resp = span[p:]
@@ -107,6 +116,8 @@ class TrajectoryRecorder:
             "reward": float(e.reward),
             "model_version": e.model_version,
             "explore_step": e.explore_step,
+            "messages": e.info.get("messages"),  # the chat of a single-turn sample (annotation's prompt)
+            "response": e.info.get("response"),
             "prompt_ids": tokens[:p],
             "prompt_text": [self.tokenizer.decode([t]) for t in tokens[:p]],
             "response_ids": tokens[p:],

@@ -41,6 +41,13 @@ class SaveRequest(BaseModel):
     text: str = Field(max_length=MAX_TEXT)
 
 
+class PickRequest(BaseModel):
+    id: str = Field(max_length=4096)
+    key: str = Field(max_length=64)
+    chosen: int
+    edited: str | None = Field(None, max_length=MAX_TEXT)
+
+
 class LaunchRequest(BaseModel):
     config: str = Field(max_length=4096)
     overrides: list[str] = Field(default_factory=list, max_length=64)
@@ -218,6 +225,23 @@ def create_app(root: str | Path, config_dirs: list[str | Path], token: str | Non
             "total": len(records),
             "records": records[: max(1, min(limit, 500))],
         }
+
+    @app.get("/api/annotate")
+    def annotate_items(id: str) -> dict[str, Any]:
+        """Groups of a run's recorded samples still to annotate (a prompt and its different answers)."""
+        from trivium.studio.annotate import pending_items
+
+        return pending_items(guard, id)
+
+    @app.post("/api/annotate")
+    def annotate_pick(body: PickRequest) -> dict[str, Any]:
+        """The better answer of a group (or its edit): preference pairs appended to the run's file."""
+        from trivium.studio.annotate import write_pick
+
+        try:
+            return write_pick(guard, body.id, body.key, body.chosen, body.edited)
+        except ValueError as error:
+            raise run_control.Conflict(str(error)) from error
 
     @app.post("/api/runs/launch")
     def launch(body: LaunchRequest) -> dict[str, Any]:

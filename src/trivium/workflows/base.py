@@ -37,9 +37,17 @@ class Workflow(ABC):
 
 
 def experience_from_generation(
-    gen: Generation, *, reward: float, task: Task, run_index: int, metrics: Mapping[str, float]
+    gen: Generation,
+    *,
+    reward: float,
+    task: Task,
+    run_index: int,
+    metrics: Mapping[str, float],
+    messages: list[dict[str, Any]] | None = None,
 ) -> Experience:
-    """A single-turn experience: the prompt, then the sampled response, every response token an action."""
+    """A single-turn experience: the prompt, then the sampled response, every response token an action.
+    ``messages``: the chat the prompt was rendered from, kept in ``info`` (Studio turns two answers to it
+    into a preference pair)."""
     response = torch.tensor(gen.response_ids, dtype=torch.long)
     return Experience(
         tokens=torch.cat([torch.tensor(gen.prompt_ids, dtype=torch.long), response]),
@@ -49,6 +57,10 @@ def experience_from_generation(
         reward=float(reward),
         task_id=task.task_id,
         run_index=run_index,
-        info={"response": gen.text, "finish_reason": gen.finish_reason},
+        info={
+            "response": gen.text,
+            "finish_reason": gen.finish_reason,
+            **({"messages": messages} if messages else {}),
+        },
         metrics={**metrics, "response_length": float(len(gen.response_ids))},
     )

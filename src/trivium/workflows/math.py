@@ -38,13 +38,19 @@ class MathWorkflow(Workflow):
         from trivium.rewards.guard import reward_for
 
         reward_fn = reward_for(task)
-        generations = model.chat(self.messages(task))
+        messages = self.messages(task)
+        generations = model.chat(messages)
         out = []
         for i, gen in enumerate(generations):
             result = reward_fn(gen.text, task.data)
             out.append(
                 experience_from_generation(
-                    gen, reward=result.reward, task=task, run_index=i, metrics=result.metrics
+                    gen,
+                    reward=result.reward,
+                    task=task,
+                    run_index=i,
+                    metrics=result.metrics,
+                    messages=messages,
                 )
             )
         return out

@@ -2,6 +2,7 @@
 import { builderPage } from "./builder.js";
 import { runsPage, runPage, comparePage } from "./runs.js";
 import { trajectoriesPage } from "./trajectories.js";
+import { annotatePage } from "./annotate.js";
 
 export async function api(path, options = {}) {
   const init = { headers: {}, ...options };
@@ -58,7 +59,7 @@ async function route() {
   document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", a.dataset.page === name));
   const page = document.getElementById("page");
   page.replaceChildren();
-  const pages = { runs: runsPage, run: runPage, builder: builderPage, compare: comparePage, trajectories: trajectoriesPage };
+  const pages = { runs: runsPage, run: runPage, builder: builderPage, compare: comparePage, trajectories: trajectoriesPage, annotate: annotatePage };
   try {
     stopPage = await (pages[name] || runsPage)(page);
   } catch (error) {

@@ -103,6 +103,7 @@ export async function runPage(page) {
     head.replaceChildren(...[el("div", { class: "row" }, el("strong", {}, run.id), stateCell(run),
       last.stage ? `${last.stage} step ${last.step} (global ${last.global_step})` : "",
       el("a", { href: `#/trajectories?id=${encodeURIComponent(id)}`, id: "open-trajectories" }, "trajectories"),
+      el("a", { href: `#/annotate?id=${encodeURIComponent(id)}`, id: "open-annotate" }, "annotate"),
       run.state === "running" ? el("button", { id: "stop", onclick: () => stop(id, refresh) }, "stop") : null),
       run.error ? el("div", { class: "state failed" }, run.error) : null,
       run.checkpoints.length ? el("div", { class: "muted" }, `checkpoints: ${run.checkpoints.join(", ")}`) : null].filter(Boolean));
