@@ -68,6 +68,16 @@ def check_data_pipeline(cfg: TriviumConfig, at) -> list[Problem]:
                 out.append(Problem(at(f"{field}.task_ops[{i}].name"), op.name, problem.rule, problem.fix))
             else:
                 out += _unknown_args(at(f"{field}.task_ops[{i}].args"), TASK_OPS.get(op.name), op.args, 1)
+    if cfg.algorithm.overlong_penalty.enabled and "overlong_penalty" in [op.name for op in b.experience_ops]:
+        out.append(
+            Problem(
+                at("algorithm.overlong_penalty.enabled"),
+                True,
+                "the overlong penalty would be applied twice (by the trainer and by buffer.experience_ops)",
+                "keep one: the operator (explore side) or algorithm.overlong_penalty (trainer side, also for "
+                "experiences that no explorer wrote, e.g. serve mode)",
+            )
+        )
     names = [ts.name or Path(ts.path).stem for ts in b.tasksets]
     if len(set(names)) != len(names):
         out.append(
