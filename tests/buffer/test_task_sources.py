@@ -55,7 +55,7 @@ def test_a_hub_id_without_network_names_the_field_the_id_and_hf_hub_offline(monk
 def test_a_loading_script_is_refused_with_the_way_out(tmp_path):
     script = tmp_path / "my_data.py"
     script.write_text("# a datasets loading script\n")
-    with pytest.raises(TaskDataError, match="loading script.*save_to_disk"):
+    with pytest.raises(TaskDataError, match=r"loading script.*save_to_disk"):
         source_rows(str(script), field="buffer.taskset.path")
 
 
@@ -118,7 +118,7 @@ def test_task_operators_in_a_task_set_config_and_a_user_operator(tmp_path):
 def test_tasksets_fill_taskset_and_refuse_both_or_mixed_repeat_times():
     b = BufferConfig(tasksets=[{"path": "a.jsonl", "weight": 3}, {"path": "b.jsonl"}])
     assert b.taskset.path == "a.jsonl" and BufferConfig(**b.model_dump()).taskset == b.tasksets[0]
-    with pytest.raises(ValueError, match="taskset and buffer.tasksets are both set"):
+    with pytest.raises(ValueError, match=r"taskset and buffer\.tasksets are both set"):
         BufferConfig(taskset={"path": "c.jsonl"}, tasksets=[{"path": "a.jsonl"}])
     with pytest.raises(ValueError, match=r"same repeat_times.*\[8, 4\]"):
         BufferConfig(tasksets=[{"path": "a.jsonl"}, {"path": "b.jsonl", "repeat_times": 4}])
