@@ -46,6 +46,26 @@ def test_sequential_and_shuffle_match_the_task_readers_orders():
         assert [i for n in (3, 5, 9) for i in selector.select(n)] == expected
 
 
+def test_a_task_reader_state_of_an_earlier_checkpoint_resumes_at_the_same_task():
+    rows = [{"question": f"q{i}", "answer": str(i)} for i in range(7)]
+    reader = TaskSetReader(
+        rows, name="r", fields={}, required={"question": (str,), "answer": (str,)}, workflow="math",
+        reward_fn="exact_match", repeat_times=1, seed=3,
+    )  # fmt: skip
+    reader.next_batch(5)
+    old_state = roundtrip(reader.state_dict())  # what an earlier version's checkpoint holds
+    feed = TaskFeed(
+        [TaskSource("r", reader.all_tasks(), 1.0, SELECTORS.get("shuffle")(reader.all_tasks(), seed=3))]
+    )
+    feed.load_state_dict(old_state)
+    assert [t.index for t in feed.next_batch(6)] == [t.index for t in reader.next_batch(6)]
+    online = TaskFeed(
+        [TaskSource("r", reader.all_tasks(), 1.0, OnlineDifficulty(reader.all_tasks(), seed=3))]
+    )
+    with pytest.raises(ValueError, match="kind: saved 'Shuffle', now 'OnlineDifficulty'"):
+        online.load_state_dict(old_state)
+
+
 def test_random_draws_with_replacement_and_is_seeded():
     a, b = SELECTORS.get("random")(tasks(5), seed=1), SELECTORS.get("random")(tasks(5), seed=1)
     draws = [a.select(4) for _ in range(50)]

@@ -111,7 +111,7 @@ def _from_hub(
         where = (
             "HF_HUB_OFFLINE=1 is set, so only datasets in the local cache load"
             if offline
-            else ("is the Hugging Face Hub reachable (HF_HUB_OFFLINE unset)?")
+            else "the Hub could not be reached or has no such dataset (HF_HUB_OFFLINE is unset)"
         )
         raise TaskDataError(
             f"{field}: {path!r} is not a local file or folder, so it was loaded as a Hugging Face dataset id "

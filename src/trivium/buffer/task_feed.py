@@ -97,6 +97,8 @@ class TaskFeed:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if "names" not in state and "epoch" in state and len(self.sources) == 1:
+            state = _from_reader_state(state, self.sources[0])
         names = [s.name for s in self.sources]
         if list(state.get("names", [])) != names:
             raise ValueError(
@@ -106,3 +108,12 @@ class TaskFeed:
         self.taken = [int(x) for x in state["taken"]]
         for source, saved in zip(self.sources, state["selectors"], strict=True):
             source.selector.load_state_dict(saved)
+
+
+def _from_reader_state(state: Mapping[str, Any], source: TaskSource) -> dict[str, Any]:
+    """A checkpoint of an earlier version saved the task reader's (epoch, position): the same place in the
+    same order for the ``shuffle`` / ``sequential`` selector (the selector refuses it otherwise)."""
+    kind = "Shuffle" if state.get("shuffle", True) else "Sequential"
+    selector = {"kind": kind, "num_tasks": state.get("num_tasks"), "seed": state.get("seed"), "batches": 0}
+    selector.update(epoch=state["epoch"], position=state["position"])
+    return {"names": [source.name], "taken": [0], "selectors": [selector]}
