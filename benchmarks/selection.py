@@ -71,6 +71,8 @@ def grpo_config(model: Path, work: Path, name: str, seed: int, selector: str, ar
     grpo["buffer"]["taskset"]["path"] = str(DATA / "train.jsonl")
     grpo["buffer"]["total_steps"] = args.steps
     grpo["buffer"]["selector"] = selector
+    if selector == "online_difficulty" and args.selector_args:
+        grpo["buffer"]["selector_args"] = json.loads(args.selector_args)
     if args.max_rows:
         grpo["buffer"]["taskset"]["max_rows"] = args.max_rows
     grpo["explorer"]["eval_at_start"] = True
@@ -120,6 +122,7 @@ def main() -> int:
     )
     ap.add_argument("--sft-only", action="store_true", help="only train (or find) the SFT checkpoint")
     ap.add_argument("--max-rows", type=int, default=0, help="train on the first N tasks only (0: all 4,000)")
+    ap.add_argument("--selector-args", default="", help="JSON buffer.selector_args of online_difficulty")
     ap.add_argument("--tag", default="", help="suffix of the results files and run names")
     ap.add_argument("--model", default="", help="start GRPO from this model folder instead of the SFT run")
     args = ap.parse_args()

@@ -127,6 +127,19 @@ def test_online_difficulty_prefers_tasks_near_the_target_pass_rate():
     assert sum(i < 10 for _ in range(20) for i in sel_easy.select(5)) > 90  # of 100
 
 
+def test_a_pooled_prior_has_the_mean_pass_rate_of_all_observations():
+    sel = OnlineDifficulty(tasks(3), prior_alpha=1.0, prior_beta=3.0, pooled_prior=True)
+    sel.observe(0, [1.0, 0.0, 0.0, 0.0, 0.0, 0.0])  # 1 success of 6
+    # pooled mean (1 + 1) / (6 + 4) = 0.2, strength 4: prior Beta(0.8, 3.2), i.e. shifts (-0.2, +0.2)
+    assert sel._prior_shift() == pytest.approx((-0.2, 0.2))
+    assert OnlineDifficulty(tasks(3))._prior_shift() == (0.0, 0.0)
+    weak = OnlineDifficulty(tasks(40), seed=0, pooled_prior=True)
+    for i in range(30):  # a weak model: 30 tasks seen, never solved but 5 of them sometimes
+        weak.observe(i, [1.0, 0.0, 0.0, 0.0] if i < 5 else [0.0] * 4)
+    picked = [i for _ in range(20) for i in weak.select(4)]
+    assert sum(i < 5 for i in picked) > sum(i >= 30 for i in picked)  # the sometimes-solved before the unseen
+
+
 def test_online_difficulty_explores_unseen_tasks():
     sel = OnlineDifficulty(tasks(20), seed=0)
     for i in range(10):
@@ -136,7 +149,14 @@ def test_online_difficulty_explores_unseen_tasks():
 
 
 @pytest.mark.parametrize(
-    "name,args", [("online_difficulty", {}), ("curriculum", {}), ("random", {}), ("shuffle", {})]
+    "name,args",
+    [
+        ("online_difficulty", {}),
+        ("online_difficulty", {"pooled_prior": True, "decay": 0.9}),
+        ("curriculum", {}),
+        ("random", {}),
+        ("shuffle", {}),
+    ],
 )
 def test_saved_and_loaded_state_continues_with_the_same_selections(name, args):
     ts = tasks(40, difficulty=1.0)

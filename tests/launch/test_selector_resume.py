@@ -12,7 +12,8 @@ from trivium.monitor.metrics import read_metrics
 def make_config(e2e, folder, name):
     cfg = e2e.config(folder, grpo_steps=5)
     cfg["name"] = name
-    cfg["stages"][0]["buffer"]["total_steps"] = 20
+    cfg["stages"][0]["buffer"]["total_steps"] = 10
+    cfg["buffer"]["eval_tasksets"] = []  # no evaluation: the test is about selection
     grpo = cfg["stages"][1]
     grpo["buffer"]["selector"] = "online_difficulty"
     grpo["buffer"]["experience_ops"] = [{"name": "duplicate_responses"}]
@@ -28,11 +29,11 @@ def test_online_difficulty_killed_and_resumed_selects_like_an_uninterrupted_run(
     reference, resumed = tmp_path / "reference.yaml", tmp_path / "resumed.yaml"
     reference.write_text(yaml.safe_dump(make_config(e2e, tmp_path, "reference")))
     resumed.write_text(yaml.safe_dump(make_config(e2e, tmp_path, "resumed")))
-    first = trivium_run(reference)
+    first = trivium_run(reference, timeout=900)
     assert first.returncode == 0, first.stderr[-3000:]
-    killed = trivium_run(resumed, "explore:3")
+    killed = trivium_run(resumed, "explore:3", timeout=900)
     assert killed.returncode == -9, killed.stderr[-2000:]
-    final = trivium_run(resumed)
+    final = trivium_run(resumed, timeout=900)
     assert final.returncode == 0, final.stderr[-3000:]
     assert "resuming" in final.stderr
 

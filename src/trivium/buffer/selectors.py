@@ -18,6 +18,9 @@ have made).
   sampling: unseen tasks are uncertain, so they are explored) and takes the ``n`` tasks whose p_i is
   nearest ``target`` (0.5: the tasks whose groups have the most reward variance). ``decay`` < 1 forgets old
   evidence (the model changes): before an update, α and β shrink towards the prior by that factor.
+  ``pooled_prior``: the prior's mean is the pass rate over every observation so far (same strength
+  α0 + β0), so an unseen task looks like an average one, not like a coin flip: with a weak model, tasks
+  that were solved sometimes are revisited before unseen ones, which are mostly never solved.
 
 Randomness is seeded by ``(seed, batch counter)`` alone, so a selector's state is its counters and
 posteriors, and a resumed run selects exactly what an uninterrupted one would.
@@ -205,6 +208,7 @@ class OnlineDifficulty(TaskSelector):
         prior_alpha: float = 1.0,
         prior_beta: float = 1.0,
         decay: float = 1.0,
+        pooled_prior: bool = False,
     ) -> None:
         super().__init__(tasks, seed=seed)
         if not 0 < target < 1 or prior_alpha <= 0 or prior_beta <= 0 or not 0 < decay <= 1:
@@ -215,6 +219,8 @@ class OnlineDifficulty(TaskSelector):
         self.target, self.prior, self.decay = target, (prior_alpha, prior_beta), decay
         self.alpha = [prior_alpha] * len(self.tasks)
         self.beta = [prior_beta] * len(self.tasks)
+        self.pooled_prior = pooled_prior
+        self.pooled = [0.0, 0.0]  # every score observed so far: (sum, count)
 
     def expected_pass_rate(self, index: int) -> float:
         return self.alpha[index] / (self.alpha[index] + self.beta[index])
@@ -226,20 +232,36 @@ class OnlineDifficulty(TaskSelector):
         s = sum(min(1.0, max(0.0, float(x))) for x in scores)
         self.alpha[index] = a0 + self.decay * (self.alpha[index] - a0) + s
         self.beta[index] = b0 + self.decay * (self.beta[index] - b0) + len(scores) - s
+        self.pooled = [self.pooled[0] + s, self.pooled[1] + len(scores)]
+
+    def _prior_shift(self) -> tuple[float, float]:
+        """What to add to every (α, β) so that the prior's mean is the pooled pass rate (its strength kept)."""
+        if not self.pooled_prior:
+            return 0.0, 0.0
+        a0, b0 = self.prior
+        mean = (self.pooled[0] + a0) / (self.pooled[1] + a0 + b0)
+        return (a0 + b0) * mean - a0, (a0 + b0) * (1 - mean) - b0
 
     def select(self, n: int) -> list[int]:
         rng = self._rng()
         out: list[int] = []
         while len(out) < n:  # a batch larger than the task set takes every task, then draws again
-            draws = [rng.betavariate(a, b) for a, b in zip(self.alpha, self.beta, strict=True)]
+            da, db = self._prior_shift()
+            draws = [rng.betavariate(a + da, b + db) for a, b in zip(self.alpha, self.beta, strict=True)]
             ranked = sorted(range(len(draws)), key=lambda i: (abs(draws[i] - self.target), i))
             out += ranked[: n - len(out)]
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "alpha": list(self.alpha), "beta": list(self.beta)}
+        return {
+            **super().state_dict(),
+            "alpha": list(self.alpha),
+            "beta": list(self.beta),
+            "pooled": list(self.pooled),
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
         self.alpha = [float(x) for x in state["alpha"]]
         self.beta = [float(x) for x in state["beta"]]
+        self.pooled = [float(x) for x in state.get("pooled", (0.0, 0.0))]
