@@ -174,3 +174,23 @@ def test_check_semantics_names_bad_selectors_and_operators():
         buffer={"experience_ops": [{"name": "overlong_penalty"}]},
     )
     assert "applied twice" in check_data_pipeline(twice, lambda p: p)[0].rule
+
+
+def test_a_hub_id_is_kept_as_written_and_a_missing_file_is_still_reported(tmp_path):
+    from trivium.config.schema import TriviumConfig
+    from trivium.config.validate import check_semantics, resolve_paths
+
+    cfg = TriviumConfig(
+        mode="both",
+        buffer={
+            "tasksets": [
+                {"path": "someorg/word-problems", "name": "hub"},
+                {"path": "missing.jsonl", "name": "m"},
+            ]
+        },
+    )
+    resolved = resolve_paths(cfg, tmp_path)
+    assert resolved.buffer.tasksets[0].path == "someorg/word-problems"  # a hub id: not made a local path
+    assert resolved.buffer.tasksets[1].path == str(tmp_path / "missing.jsonl")
+    missing = [p for p in check_semantics(resolved) if p.rule == "file not found"]
+    assert [p.path for p in missing] == ["buffer.tasksets[1].path"]
