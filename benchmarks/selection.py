@@ -1,8 +1,13 @@
 """Task selection on the quickstart's GRPO stage: ``buffer.selector: online_difficulty`` against ``random``,
 from the same SFT checkpoint, same seed and steps.
 
-    python benchmarks/selection.py              # ~25 min on 2 busy cores once the SFT checkpoint exists
+    python benchmarks/selection.py              # the quickstart's 800 SFT steps once, then a pair of 100 steps
     python benchmarks/selection.py --steps 60 --seeds 0 1
+
+The recorded results (``benchmarks/results/selection_*.md``) start from ``--model``: the checkpoint of the
+quickstart's SFT stage stopped by SIGTERM at step 92 of 800 (this machine was too busy for the whole
+stage), e.g. ``--model <work>/bench-selection/sft/checkpoints/sft/step_92/model --steps 40 --eval-every 10
+[--max-rows 128] [--selectors online_difficulty --selector-args '{"pooled_prior": true}'] --tag _all``.
 
 The SFT checkpoint is the quickstart's SFT stage, trained once into ``--work`` (default
 ``benchmarks/workdir``, ~4 min) and reused. Both runs of a pair use the quickstart's GRPO stage (16 tasks x
