@@ -99,6 +99,7 @@ def check_data_files(cfg: TriviumConfig, prefix: str = "") -> list[Problem]:
     row checked; see ``buffer/task_reader.py``): what ``trivium check-config`` adds to the field checks, so
     that a file a run would refuse is refused here too. Rows skipped by ``on_bad_row: skip`` are logged."""
     from trivium.buffer.offline import PREFERENCE_FIELDS, SFT_FORMATS
+    from trivium.buffer.sources import taskset_rows
     from trivium.buffer.task_files import TaskDataError
     from trivium.buffer.task_reader import TaskSetReader
     from trivium.workflows.registry import WORKFLOWS
@@ -110,6 +111,7 @@ def check_data_files(cfg: TriviumConfig, prefix: str = "") -> list[Problem]:
     wanted: list[tuple[str, Any, dict[str, tuple[type, ...]], bool]] = []  # field, section, required, all
     if cfg.mode in ("both", "explore") and b.taskset is not None:
         wanted.append(("buffer.taskset", b.taskset, {}, False))
+        wanted += [(f"buffer.tasksets[{i}]", ts, {}, False) for i, ts in enumerate(b.tasksets) if i > 0]
     wanted += [(f"buffer.eval_tasksets[{i}]", ts, {}, False) for i, ts in enumerate(b.eval_tasksets)]
     if cfg.mode == "train" and b.sft_dataset is not None:
         wanted.append(("buffer.sft_dataset", b.sft_dataset, SFT_FORMATS[b.sft_dataset.format], False))
@@ -123,10 +125,12 @@ def check_data_files(cfg: TriviumConfig, prefix: str = "") -> list[Problem]:
             workflow = WORKFLOWS.get(section.workflow)
             required, all_columns = dict(workflow.fields), workflow.reads_all_columns
         fields = {**{k: k for k in required}, **section.fields}
+        name = getattr(section, "name", "") or Path(section.path).stem or field
         try:
+            rows = taskset_rows(section, name, field) if isinstance(section, TaskSetConfig) else None
             TaskSetReader(
-                section.path,
-                name=getattr(section, "name", "") or Path(section.path).stem or field,
+                section.path if rows is None else rows,
+                name=name,
                 fields=fields,
                 required=required,
                 workflow="check",

@@ -20,6 +20,7 @@ from trivium.config.schema_base import (  # noqa: F401 (re-exported: the bounds 
     STEPS_MAX,
     StrictModel,
 )
+from trivium.config.schema_data import BufferDataFields, OperatorConfig, TaskSourceFields  # noqa: F401
 from trivium.config.schema_run import (  # noqa: F401 (re-exported)
     ActorResources,
     ClusterConfig,
@@ -140,13 +141,14 @@ class ExplorerConfig(StrictModel):
     Environment steps have their own limit (workflow_args.env_timeout_s of the multi-turn workflows)."""
 
 
-class TaskSetConfig(StrictModel):
+class TaskSetConfig(TaskSourceFields):
     path: str = ""
-    """JSON, JSONL or Parquet file (or a folder of them), relative to the config file's folder."""
+    """JSON, JSONL, Parquet or CSV file (or a folder of them), a datasets.save_to_disk folder, or a Hugging
+    Face dataset id or loading script (relative to the config file's folder; docs/data.md)."""
     name: str = ""
     """Name used in task ids, metrics and errors; defaults to the file stem."""
     split: str = "train"
-    """Not used: task files are read by trivium's own reader (one file is one split); kept so configs load."""
+    """The split of a Hugging Face dataset (id, script or save_to_disk folder); files are one split."""
     fields: dict[str, str] = Field(default_factory=dict)
     """Map from the workflow's field name to the column in the file, e.g. {question: problem}."""
     workflow: str = "math"
@@ -232,7 +234,7 @@ class StorageConfig(StrictModel):
     """The trainer gives up when no batch arrives for this long (is the explore process running?)."""
 
 
-class BufferConfig(StrictModel):
+class BufferConfig(BufferDataFields):
     batch_size: int = Field(16, ge=1, le=COUNT_MAX)
     """Tasks per explore step (online modes) or examples per train step (train mode)."""
     total_steps: int | None = Field(None, ge=1, le=STEPS_MAX)
@@ -241,6 +243,8 @@ class BufferConfig(StrictModel):
     """Passes over the task set / dataset when total_steps is unset."""
     taskset: TaskSetConfig | None = None
     """Tasks the explorer learns from (modes that explore)."""
+    tasksets: list[TaskSetConfig] = Field(default_factory=list)
+    """Several task sets mixed by their weight, instead of taskset (docs/data.md); same repeat_times."""
     eval_tasksets: list[TaskSetConfig] = Field(default_factory=list)
     """Task sets evaluated every explorer.eval_interval steps."""
     sft_dataset: SftDatasetConfig | None = None

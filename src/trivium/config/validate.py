@@ -10,6 +10,8 @@ from pathlib import Path
 
 from trivium.config.errors import Problem, did_you_mean, join_path
 from trivium.config.schema import TaskSetConfig, TriviumConfig
+from trivium.config.schema_data import looks_like_hub_id
+from trivium.config.validate_data import check_data_pipeline, extra_tasksets, is_hub_path
 from trivium.config.validate_layout import check_layout, preset_or_none
 from trivium.config.validate_monitor import check_monitor
 
@@ -51,9 +53,10 @@ def resolve_paths(cfg: TriviumConfig, base_dir: Path) -> TriviumConfig:
     if data["bench"]["checkpoint_dir"]:
         data["bench"]["checkpoint_dir"] = local(data["bench"]["checkpoint_dir"])
     buf = data["buffer"]
+    for ts in [buf["taskset"], *buf["tasksets"], *buf["eval_tasksets"]]:  # a hub id stays as written
+        if ts is not None and not looks_like_hub_id(ts["path"], base_dir):
+            ts["path"] = local(ts["path"])
     for ts in [
-        buf["taskset"],
-        *buf["eval_tasksets"],
         buf["sft_dataset"],
         buf["preference_dataset"],
         buf["expert_dataset"],
@@ -74,6 +77,7 @@ def check_semantics(cfg: TriviumConfig, prefix: str = "", check_files: bool = Tr
     problems += _check_serve(cfg, at)
     problems += check_layout(cfg, at, check_files)
     problems += check_monitor(cfg, at)
+    problems += check_data_pipeline(cfg, at)
     return problems
 
 
@@ -368,11 +372,12 @@ def _check_data(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
     tasksets: list[tuple[str, TaskSetConfig]] = []
     if buf.taskset is not None and cfg.mode in ("both", "explore"):
         tasksets.append(("buffer.taskset", buf.taskset))
+    tasksets += extra_tasksets(cfg)
     tasksets += [(f"buffer.eval_tasksets[{i}]", ts) for i, ts in enumerate(buf.eval_tasksets)]
     for path, ts in tasksets:
         if not ts.path:
             out.append(Problem(at(path + ".path"), ts.path, "a task set needs a file", "set its path"))
-        elif check_files and not Path(ts.path).exists():
+        elif check_files and not Path(ts.path).exists() and not is_hub_path(ts.path):
             out.append(Problem(at(path + ".path"), ts.path, "file not found", "check the path"))
         out += _check_taskset_parts(path, ts, at)
     if buf.sft_dataset is not None and cfg.mode == "train" and buf.sft_dataset.format == "prompt_response":

@@ -65,6 +65,7 @@ class Explorer:
         workflow_timeout_s: float = 0.0,
         failure_sink: Callable[[dict], None] | None = None,
         faults: FaultInjector | None = None,
+        experience_ops=None,  # buffer.operators.ExperiencePipeline or None
     ):
         self.model = model
         self.rollout_params = rollout_params
@@ -82,6 +83,11 @@ class Explorer:
         self.next_group_id = 0
         self.failed_tasks = 0
         self.faults = faults
+        if experience_ops is None and dynamic_sampling:  # the old flag alone: DAPO's zero-variance filter
+            from trivium.buffer.operators import ExperiencePipeline
+
+            experience_ops = ExperiencePipeline([("zero_variance", {})])
+        self.experience_ops = experience_ops
         self._phase = "explore"  # written into failure records: "explore:<step>" or "eval"
         self._in_flight: dict[int, tuple[str, float]] = {}  # thread id -> (task id, monotonic start)
         self._in_flight_lock = threading.Lock()
@@ -103,10 +109,12 @@ class Explorer:
     def explore_step(self, step: int) -> dict[str, float]:
         """Run one batch of tasks, write their experiences to the queue, return rollout metrics.
 
-        With dynamic sampling (DAPO), groups whose rewards are all equal carry no learning signal: they
-        are dropped and more tasks are sampled until ``batch_size`` groups are kept, or the step fails
-        after ``max_sampling_rounds`` extra rounds. ``rollout/experiences`` says how many reached the
-        queue (fewer than batch_size x repeat_times when tasks failed).
+        Each round's groups pass the experience operators (``experience_ops``, buffer/operators.py), which
+        may drop or reshape them. With dynamic sampling (DAPO), more tasks are sampled until ``batch_size``
+        groups are kept, or the step fails after ``max_sampling_rounds`` extra rounds. Every task's rollouts
+        are reported to the task set (``observe``: adaptive selectors learn from them).
+        ``rollout/experiences`` says how many reached the queue (fewer than batch_size x repeat_times when
+        tasks failed); ``rollout/informative_groups`` of ``rollout/groups`` had some reward variance.
         """
         t0 = time.perf_counter()
         engine_s0 = getattr(self.model, "engine_seconds", 0.0)
@@ -115,6 +123,9 @@ class Explorer:
         kept: list[list[Experience]] = []
         tasks_run = failed = dropped = rounds = failed_runs = retries = 0
         sampled: list[Experience] = []  # everything sampled, for the rollout metrics
+        op_metrics: dict[str, float] = {}
+        groups_seen = informative = 0
+        observe = getattr(self.taskset, "observe", None)  # a TaskFeed; a bare TaskSetReader does not adapt
         while True:
             tasks = self.taskset.next_batch(self.batch_size - len(kept))
             results = self.run_tasks(tasks, self.rollout_params, use_repeat_times=True)
@@ -122,27 +133,37 @@ class Explorer:
             failed += sum(r.error is not None for r in results)
             failed_runs += sum(r.failed_runs for r in results)
             retries += sum(r.retries for r in results)
+            round_groups = []
             for r in results:
                 if not r.experiences:
                     continue
+                if observe is not None:
+                    observe(r.task, r.experiences)
                 group = [
                     e.replace(group_id=self.next_group_id, model_version=version, explore_step=step)
                     for e in r.experiences
                 ]
                 self.next_group_id += 1
                 sampled += group
-                if self.dynamic_sampling and len({e.reward for e in group}) == 1:
-                    dropped += 1
-                else:
-                    kept.append(group)
+                groups_seen += 1
+                informative += len({e.reward for e in group}) > 1
+                round_groups.append(group)
+            if self.experience_ops is not None:
+                passed, m = self.experience_ops(round_groups)
+                dropped += len(round_groups) - len(passed)
+                for k, v in m.items():
+                    op_metrics[k] = op_metrics.get(k, 0.0) + v
+                round_groups = passed
+            kept += round_groups
             if not self.dynamic_sampling or len(kept) >= self.batch_size:
                 break
             rounds += 1
             if self.max_sampling_rounds and rounds > self.max_sampling_rounds:
                 raise RuntimeError(
                     f"dynamic sampling kept {len(kept)} of {self.batch_size} groups after {rounds} extra rounds "
-                    f"({dropped} groups had all-equal rewards): the tasks are too easy or too hard for the "
-                    "model. Raise algorithm.dynamic_sampling.max_rounds (0 = unlimited) or turn it off."
+                    f"({dropped} groups dropped by the experience operators {self.experience_ops.names()}, e.g. "
+                    "all-equal rewards): the tasks are too easy or too hard for the model, or the filters too "
+                    "strict. Raise algorithm.dynamic_sampling.max_rounds (0 = unlimited) or turn it off."
                 )
         experiences = [e for group in kept[: self.batch_size] for e in group]
         gen_seconds = time.perf_counter() - t0
@@ -166,6 +187,9 @@ class Explorer:
                 "time/rollout_generate": engine_seconds,
                 "time/rollout_reward": max(0.0, gen_seconds - engine_seconds),
                 "rollout/model_version": float(version),
+                "rollout/groups": float(groups_seen),
+                "rollout/informative_groups": float(informative),
+                **op_metrics,
                 **self.model.metrics(),
             }
         )
@@ -174,8 +198,9 @@ class Explorer:
         hung = len(hung_calls())
         if hung:
             metrics["rollout/hung_env_calls"] = float(hung)  # overran env calls still running (envs/calls.py)
-        if self.dynamic_sampling:
+        if self.experience_ops is not None:
             metrics["rollout/dropped_groups"] = float(dropped)
+        if self.dynamic_sampling:
             metrics["rollout/sampling_rounds"] = float(rounds + 1)
         skipped = getattr(self.taskset, "skipped_rows", 0)
         if skipped:

@@ -153,14 +153,17 @@ def sampling_params(cfg: TriviumConfig) -> tuple[SamplingParams, SamplingParams]
     return rollout, evaluation
 
 
-def task_reader(ts: TaskSetConfig, seed: int, is_eval: bool):
+def task_reader(ts: TaskSetConfig, seed: int, is_eval: bool, field: str = "buffer.taskset"):
+    from trivium.buffer.sources import taskset_rows
     from trivium.buffer.task_reader import TaskSetReader
     from trivium.workflows.registry import get_workflow
 
     workflow = get_workflow(ts.workflow)
+    name = ts.name or Path(ts.path).stem
+    rows = taskset_rows(ts, name, field)  # None: the reader reads the file itself
     return TaskSetReader(
-        ts.path,
-        name=ts.name or Path(ts.path).stem,
+        ts.path if rows is None else rows,
+        name=name,
         fields={**{k: k for k in workflow.fields}, **ts.fields},
         required=workflow.fields,
         workflow=ts.workflow,
@@ -176,6 +179,24 @@ def task_reader(ts: TaskSetConfig, seed: int, is_eval: bool):
         max_rows=ts.max_rows,
         all_columns=workflow.reads_all_columns,
     )
+
+
+def train_tasks(cfg: TriviumConfig):
+    """The explorer's task stream: ``buffer.tasksets`` (or the one ``buffer.taskset``) mixed by weight, each
+    read by ``buffer.selector`` (unset: shuffle, or sequential for a task set with shuffle false)."""
+    from trivium.buffer.selectors import SELECTORS
+    from trivium.buffer.task_feed import TaskFeed, TaskSource
+
+    b = cfg.buffer
+    sources = []
+    for i, ts in enumerate(b.tasksets or [b.taskset]):
+        reader = task_reader(
+            ts, cfg.seed, is_eval=False, field=f"buffer.tasksets[{i}]" if b.tasksets else "buffer.taskset"
+        )
+        selector = SELECTORS.get(b.selector or ("shuffle" if ts.shuffle else "sequential"))
+        chosen = selector(reader.all_tasks(), seed=cfg.seed, **b.selector_args)
+        sources.append(TaskSource(reader.name, reader.all_tasks(), ts.weight, chosen, reader.skipped_rows))
+    return TaskFeed(sources)
 
 
 def total_steps(cfg: TriviumConfig, dataset_len: int) -> int:
@@ -340,7 +361,10 @@ def make_explorer(
             log_path = None if failure_log is None else str(failure_log)
             cluster = RayCluster.current()
             return RemoteExplorer.start(cluster, cfg, model, queue, log_path, state.config_dir, cfg.name)
-    evals = [task_reader(ts, cfg.seed, is_eval=True) for ts in cfg.buffer.eval_tasksets]
+    evals = [
+        task_reader(ts, cfg.seed, is_eval=True, field=f"buffer.eval_tasksets[{i}]")
+        for i, ts in enumerate(cfg.buffer.eval_tasksets)
+    ]
     return Explorer(
         model,
         rollout_params=rollout_params,
@@ -356,7 +380,19 @@ def make_explorer(
         workflow_timeout_s=cfg.explorer.workflow_timeout_s,
         failure_sink=None if failure_log is None else jsonl_appender(failure_log),
         faults=None if rates is None else FaultInjector(rates),
+        experience_ops=experience_ops(cfg),
     )
+
+
+def experience_ops(cfg: TriviumConfig):
+    """``buffer.experience_ops`` as a pipeline (None when empty); ``algorithm.dynamic_sampling`` puts
+    ``zero_variance`` first when the list does not name it."""
+    from trivium.buffer.operators import ExperiencePipeline
+
+    steps = [(op.name, op.args) for op in cfg.buffer.experience_ops]
+    if cfg.algorithm.dynamic_sampling.enabled and "zero_variance" not in [name for name, _ in steps]:
+        steps.insert(0, ("zero_variance", {}))
+    return ExperiencePipeline(steps, max_tokens=cfg.explorer.rollout.max_tokens) if steps else None
 
 
 def jsonl_appender(path: Path):

@@ -44,7 +44,7 @@ def explore_loop(stage, run_dir: Path, writer, state) -> None:
     from trivium.monitor.metrics import Progress
 
     cfg = stage.config
-    taskset = build.task_reader(cfg.buffer.taskset, cfg.seed, is_eval=False)
+    taskset = build.train_tasks(cfg)
     total = build.total_steps(cfg, len(taskset))
     storage = build.storage(cfg, run_dir)
     explorer = build.make_explorer(  # only its put() is used

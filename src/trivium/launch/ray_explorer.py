@@ -73,7 +73,7 @@ class ExplorerActor:
             cfg.cluster, engines, tokenizer, getattr(torch, meta["dtype"]), meta, meta["version"]
         )
         self.collected = _Collected()
-        taskset = build.task_reader(cfg.buffer.taskset, cfg.seed, is_eval=False)
+        taskset = build.train_tasks(cfg)
         self.explorer = build.make_explorer(
             cfg, None, taskset, self.collected, failure_log, model=BatchingRolloutModel(pool)
         )

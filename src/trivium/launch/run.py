@@ -138,7 +138,7 @@ def _check_data(stage: Stage) -> int | None:
     rows = None
     if cfg.mode in ("both", "explore") or (cfg.mode == "train" and cfg.buffer.storage is not None):
         if cfg.buffer.taskset is not None:  # a serve-fed train process has none: total_steps is set
-            rows = len(build.task_reader(cfg.buffer.taskset, cfg.seed, is_eval=False))
+            rows = len(build.train_tasks(cfg))
     elif cfg.mode == "train" and cfg.buffer.sft_dataset is not None:
         rows = len(SftReader(cfg.buffer.sft_dataset, tokenizer=None, seed=cfg.seed))
     elif cfg.mode == "train" and cfg.buffer.preference_dataset is not None:

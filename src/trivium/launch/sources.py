@@ -59,7 +59,8 @@ class ExperienceSource:
 
     def next(self, step: int, trainer_version: int, n: int | None = None) -> tuple[list, dict[str, Any]]:
         t0 = time.monotonic()
-        taken = self.feed.take(self.per_step if n is None else n, step)
+        want = self.per_step if n is None else n
+        taken = self.feed.take(want, step) if want else []  # the experience operators may drop a whole step
         waited = time.monotonic() - t0
         record: dict[str, Any] = {"buffer/wait_seconds": waited, "time/wait": waited}
         experiences, stale = staleness_filter(

@@ -32,7 +32,7 @@ __all__ = ["dataset_stage", "online_stage", "storage_stage"]
 def online_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunState) -> None:
     cfg = stage.config
     s = cfg.synchronizer
-    taskset = build.task_reader(cfg.buffer.taskset, cfg.seed, is_eval=False)
+    taskset = build.train_tasks(cfg)
     total = build.total_steps(cfg, len(taskset))
     per_step = cfg.buffer.batch_size * cfg.buffer.taskset.repeat_times
     done, saved, folder = state.take_resume(cfg, writer)
@@ -95,7 +95,7 @@ def storage_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: Run
     s = cfg.synchronizer
     if cfg.buffer.taskset is not None:
         per_step = cfg.buffer.batch_size * cfg.buffer.taskset.repeat_times
-        total = build.total_steps(cfg, len(build.task_reader(cfg.buffer.taskset, cfg.seed, is_eval=False)))
+        total = build.total_steps(cfg, len(build.train_tasks(cfg)))
     else:
         per_step, total = cfg.buffer.batch_size, cfg.buffer.total_steps
     state.resume = find_resume_point(run_dir, [stage.name])  # the process resumes from its own checkpoint
