@@ -327,11 +327,22 @@ def ray_rows(work: Path, steps: int) -> list[dict]:
         port = s.getsockname()[1]
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     subprocess.run(
-        [str(ray_bin), "start", "--head", f"--port={port}", "--num-cpus=2", "--node-ip-address=127.0.0.1",
-         "--object-store-memory=300000000", "--include-dashboard=false", "--disable-usage-stats",
-         f"--temp-dir={temp}"],
-        check=True, capture_output=True,
-    )  # fmt: skip
+        [
+            str(ray_bin),
+            "start",
+            "--head",
+            f"--port={port}",
+            "--num-cpus=2",
+            "--node-ip-address=127.0.0.1",
+            "--object-store-memory=300000000",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+            f"--temp-dir={temp}",
+        ],
+        check=True,
+        capture_output=True,
+        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+    )  # fmt: skip  (no auth on this loopback-only cluster; see tests/launch/test_ray_runs.py)
     records = []
     try:
         for label, resources, engines, strategy, ranks in RAY_ROWS:
@@ -355,7 +366,7 @@ def ray_rows(work: Path, steps: int) -> list[dict]:
             path = work / f"{name}.yaml"
             path.write_text(yaml.safe_dump(cfg))
             _fix_paths(path)
-            env = {**os.environ, "RAY_ADDRESS": f"127.0.0.1:{port}"}
+            env = {**os.environ, "RAY_ADDRESS": f"127.0.0.1:{port}", "RAY_AUTH_MODE": "disabled"}
             t0 = time.time()
             cmd = [sys.executable, "-m", "trivium.cli", "run", "-c", str(path), "--overwrite"]
             subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)

@@ -33,20 +33,25 @@ def ray_cluster():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths have a length limit
+    # Ray >= 2.59 turns token authentication on for clusters it starts itself and leaves the token in
+    # ~/.ray/auth_token; with such a file around, a driver and a `ray start` cluster disagree. This cluster,
+    # and every process of the tests that joins it, runs without authentication (loopback only).
+    os.environ["RAY_AUTH_MODE"] = "disabled"
     start = [str(RAY), "start", "--head", f"--port={port}", "--num-cpus=2", "--node-ip-address=127.0.0.1"]
     start += ["--object-store-memory=200000000", "--include-dashboard=false", "--disable-usage-stats"]
     subprocess.run([*start, f"--temp-dir={temp}"], check=True, capture_output=True, timeout=120)
     address = f"127.0.0.1:{port}"
-    old = os.environ.get("RAY_ADDRESS")
+    old = {k: os.environ.get(k) for k in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
     os.environ["RAY_ADDRESS"] = address
     try:
         yield address
     finally:
         subprocess.run([str(RAY), "stop", "--force"], capture_output=True, timeout=120)
-        if old is None:
-            os.environ.pop("RAY_ADDRESS", None)
-        else:
-            os.environ["RAY_ADDRESS"] = old
+        for key, value in old.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def config(e2e, folder, name, cluster, engines=1, strategy="single", world=1, grpo_steps=3, sft_steps=5):
