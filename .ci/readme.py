@@ -66,6 +66,16 @@ SHORTEN = [
     ),
 ]
 
+# (pattern, URL, reason): servers, started in the background, asked for URL until it answers (60 s at most),
+# then stopped
+SERVERS = [
+    (
+        r"^trivium studio --root runs --configs examples$",
+        "http://127.0.0.1:8420/api/info",
+        "a web server: it runs until stopped",
+    ),
+]
+
 
 @dataclass
 class Command:
@@ -104,13 +114,16 @@ def blocks(readme: str) -> list[tuple[str, list[str]]]:
 
 
 def plan(cmd: Command) -> tuple[str, str, str]:
-    """(action, extra arguments, reason): action is 'run', 'shorten' or 'skip'."""
+    """(action, extra arguments, reason): action is 'run', 'shorten', 'serve' or 'skip'."""
     for pattern, reason in SKIP:
         if re.search(pattern, cmd.text):
             return "skip", "", reason
     for pattern, extra, reason in SHORTEN:
         if re.search(pattern, cmd.text):
             return "shorten", f"{extra} --set checkpoint_root={CHECK_ROOT}", reason
+    for pattern, url, reason in SERVERS:
+        if re.search(pattern, cmd.text):
+            return "serve", url, reason
     return "run", "", "as written"
 
 
@@ -126,6 +139,21 @@ def script_of(lines: list[str]) -> tuple[str, list[tuple[Command, str, str]]]:
         plans.append((cmd, action, reason))
         if action == "skip":
             body.append(f"echo {shlex.quote(f'-- skipped: {cmd.text} ({reason})')}")
+            continue
+        if action == "serve":  # start it, wait until `extra` (its URL) answers, stop it
+            body.append(f"echo {shlex.quote(f'-- $ {cmd.text} (until {extra} answers)')}")
+            body.append(f"{cmd.text} & server=$!")
+            probe = (
+                "import sys, time, urllib.request\n"
+                "for _ in range(120):\n"
+                "    try:\n"
+                f"        urllib.request.urlopen({extra!r}, timeout=2); sys.exit(0)\n"
+                "    except OSError:\n"
+                "        time.sleep(0.5)\n"
+                f"sys.exit('{cmd.text}: nothing answered at {extra} within 60 s')\n"
+            )
+            body.append(f"python3 -c {shlex.quote(probe)} || {{ kill $server; exit 1; }}")
+            body.append("kill $server; wait $server || true")
             continue
         if cmd.words == ["wait"]:  # each background command's exit status, not just the last one's
             body.append('for p in ${pids[@]+"${pids[@]}"}; do wait "$p"; done; pids=()')
