@@ -4,6 +4,7 @@ import json
 
 import pytest
 import yaml
+from tests.launch.helpers import comparable
 
 from trivium.cli import main as cli
 from trivium.monitor.metrics import read_metrics
@@ -50,17 +51,7 @@ def test_seeded_runs_are_reproducible(e2e, tmp_path):
         cfg_path = tmp_path / f"{name}.yaml"
         cfg_path.write_text(yaml.safe_dump(cfg))
         assert cli(["run", "--config", str(cfg_path)]) == 0
-        records = read_metrics(tmp_path / "runs" / "e2e" / name)
-        curves.append(
-            [
-                {
-                    k: v
-                    for k, v in r.items()
-                    if not any(d in k for d in ("seconds", "per_s", "rss")) and k != "time"
-                }
-                for r in records
-            ]
-        )
+        curves.append(comparable(read_metrics(tmp_path / "runs" / "e2e" / name)))  # timings aside
     assert curves[0] == curves[1]
 
 

@@ -55,6 +55,7 @@ def test_every_token_of_the_recorded_samples_carries_its_numbers(e2e, tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_few_samples_every_other_step_two_of_a_group_groups_spread(e2e, tmp_path):
     records = read_trajectories(_run(e2e, tmp_path, grpo_steps=4, every=2, per_step=6))
     assert [r["step"] for r in records] == [2] * 6 + [4] * 6

@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import yaml
 from tests.studio.conftest import Studio, tiny_run_config, wait_for
 
@@ -55,6 +56,7 @@ def test_validation_puts_each_problem_on_its_field_and_save_keeps_only_yaml(stud
     )
 
 
+@pytest.mark.slow
 def test_a_run_launched_from_studio_is_listed_watched_and_cannot_be_launched_twice(studio):
     path = tiny_run_config(studio.configs, sft_steps=3, grpo_steps=2)
     started = studio.http.post("/api/runs/launch", json={"config": str(path)})
