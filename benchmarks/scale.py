@@ -38,6 +38,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -181,7 +182,7 @@ def layout_rows(steps: int, device: str) -> list[dict]:
                     f"| {model} | {label} | skipped: {world} ranks need {world} GPUs, this machine has {gpus} |"
                 )
                 continue
-            out = Path(f"/tmp/trivium-scale-{os.getpid()}.json")
+            out = Path(tempfile.gettempdir()) / f"trivium-scale-{os.getpid()}.json"
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 init = f"tcp://127.0.0.1:{s.getsockname()[1]}"
@@ -310,7 +311,6 @@ def ray_rows(work: Path, steps: int) -> list[dict]:
     """The quickstart's GRPO stage from its SFT checkpoint, ``steps`` steps, no eval: locally and on a Ray
     cluster started here (`ray start --head`, 2 CPUs): s/step (wall time between step records), seconds
     from the command to its first step, peak RSS of the engine actor and of trainer rank 0."""
-    import tempfile
 
     import yaml
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -231,6 +232,25 @@ class RayCluster:
         if self.started_here:
             ray.shutdown()
         _CURRENT = None
+
+
+def wait_restarted(actor, cfg, what: str, error: BaseException) -> dict[str, Any]:
+    """Wait for Ray to restart ``actor`` (``what`` names it) after ``error``; its ``ready()`` answer.
+    ``ClusterError`` when it is not back within ``cluster.start_timeout_s`` or Ray gave up on it."""
+    import ray
+
+    deadline = time.monotonic() + cfg.start_timeout_s
+    while True:  # "unavailable" while Ray restarts it; "died" once it gave up
+        try:
+            return ray.get(actor.ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
+        except ray.exceptions.ActorUnavailableError:
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"{what} was not restarted within cluster.start_timeout_s={cfg.start_timeout_s:g} s"
+                ) from error
+            time.sleep(0.5)
+        except ray.exceptions.RayError as again:
+            raise ClusterError(f"{what} did not come back after dying: {again}") from again
 
 
 def stage_requests(cfg) -> list[Request]:

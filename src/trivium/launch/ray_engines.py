@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import itertools
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
-from trivium.launch.ray_cluster import ClusterError, RayCluster, Request, placement_info
+from trivium.launch.ray_cluster import ClusterError, RayCluster, Request, placement_info, wait_restarted
 from trivium.models.protocol import Generation, SamplingParams
 from trivium.sync.weights import WeightSyncError
 
@@ -247,20 +246,7 @@ class EnginePool:
         self.restarts += 1
         log.warning("rollout engine %d died (%s): waiting for its restart", i, type(error).__name__)
         actor = self.actors[i]
-        deadline = time.monotonic() + self.cfg.start_timeout_s
-        while True:  # "unavailable" while Ray restarts it; "died" once it gave up
-            try:
-                ray.get(actor.ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
-                break
-            except ray.exceptions.ActorUnavailableError:
-                if time.monotonic() > deadline:
-                    raise ClusterError(
-                        f"rollout engine {i} was not restarted within cluster.start_timeout_s="
-                        f"{self.cfg.start_timeout_s:g} s"
-                    ) from error
-                time.sleep(0.5)
-            except ray.exceptions.RayError as again:
-                raise ClusterError(f"rollout engine {i} did not come back after dying: {again}") from again
+        wait_restarted(actor, self.cfg, f"rollout engine {i}", error)
         if self._weights is not None:
             ref, version = self._weights
             ray.get(actor.update_weights.remote(ref, version))

@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import itertools
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from trivium.launch.ray_cluster import ClusterError, RayCluster, Request, placement_info
+from trivium.launch.ray_cluster import ClusterError, RayCluster, Request, placement_info, wait_restarted
 
 log = logging.getLogger(__name__)
 
@@ -205,20 +204,7 @@ class RemoteExplorer:
             method,
             type(error).__name__,
         )
-        deadline = time.monotonic() + self.cluster.cfg.start_timeout_s
-        while True:  # "unavailable" while Ray restarts it; "died" once it gave up
-            try:
-                where = ray.get(self.actor.ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
-                break
-            except ray.exceptions.ActorUnavailableError:
-                if time.monotonic() > deadline:
-                    raise ClusterError(
-                        f"the explorer actor {self.name} was not restarted within cluster.start_timeout_s="
-                        f"{self.cluster.cfg.start_timeout_s:g} s"
-                    ) from error
-                time.sleep(0.5)
-            except ray.exceptions.RayError as again:
-                raise ClusterError(f"the explorer actor {self.name} did not come back: {again}") from again
+        where = wait_restarted(self.actor, self.cluster.cfg, f"the explorer actor {self.name}", error)
         ray.get(self.actor.load_state_dict.remote(self._state))
         log.warning(
             "the explorer actor %s restarted on node %s (pid %s) with the state of the last finished step: "
