@@ -18,6 +18,8 @@ GRPO_STEPS = 8
 def make_config(e2e, folder, name):
     cfg = e2e.config(folder, grpo_steps=GRPO_STEPS)
     cfg["name"] = name
+    # one CPU thread: no thread team whose partition of a reduction could differ between the processes
+    cfg["runtime"] = {"num_threads": 1}
     cfg["stages"][0]["buffer"]["total_steps"] = 10
     cfg["stages"][0]["trainer"]["save_interval"] = 1
     grpo = cfg["stages"][1]

@@ -26,6 +26,10 @@ def apply_threads(num_threads: int | None) -> int:
     threads = num_threads or cores
     torch.set_num_threads(threads)
     os.environ["OMP_NUM_THREADS"] = str(threads)  # for the processes this one starts
+    # Intel MKL's reproducibility conditions: a fixed thread team, no run-time adjustment of its size.
+    # MKL reads these when it first runs (after this), so the same seed gives the same bits run to run.
+    os.environ.setdefault("MKL_DYNAMIC", "FALSE")
+    os.environ.setdefault("OMP_DYNAMIC", "FALSE")
     os.environ["RAYON_NUM_THREADS"] = str(threads)  # the Rust tokenizer's pool
     how = "runtime.num_threads" if num_threads else "every core; set runtime.num_threads to use fewer"
     log.info("CPU: %d thread(s) of %d core(s) (%s)", threads, cores, how)
