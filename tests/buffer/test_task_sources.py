@@ -160,7 +160,11 @@ def test_check_semantics_names_bad_selectors_and_operators():
     cfg = TriviumConfig(
         buffer={
             "selector": "online_dificulty",
-            "experience_ops": [{"name": "format_bonus", "args": {"patern": "x"}}, {"name": "nope"}],
+            "experience_ops": [
+                {"name": "format_bonus", "args": {"patern": "x"}},
+                {"name": "nope"},
+                {"name": "ruler", "args": {"url": "judge:8000"}},  # a bad value, caught before any step
+            ],
             "taskset": {"path": "x.jsonl", "task_ops": [{"name": "dedupe"}]},
         }
     )
@@ -168,6 +172,7 @@ def test_check_semantics_names_bad_selectors_and_operators():
     assert "online_difficulty" in problems["buffer.selector"].fix
     assert "patern" in problems["buffer.experience_ops[0].args"].rule
     assert "buffer.experience_ops[1].name" in problems
+    assert "http(s) base URL" in problems["buffer.experience_ops[2].args"].rule
     assert "dedup" in problems["buffer.taskset.task_ops[0].name"].fix
     twice = TriviumConfig(
         algorithm={"overlong_penalty": {"enabled": True}},

@@ -2,75 +2,20 @@
 the API key from the environment, concurrency bounded, replies cached, unparsable replies retried then
 counted, failed calls scored 0 by the guard."""
 
-import re
-import socket
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import uvicorn
-from fastapi import FastAPI, Header, HTTPException
+from tests.rewards.judge_server import KEY, Judge, serving
 
 from trivium.rewards import check_reward_args, get_reward_fn
 from trivium.rewards.guard import guarded_reward
 from trivium.rewards.judge import clear_cache, parse_score, parse_yes_no
 
-KEY = "sk-test-judge"
-
-
-class Judge:
-    """A deterministic judge: 'Score: 1' for answers containing 'good', '0' otherwise, 'hmm' for 'vague'
-    (unparsable); yes/no for rubric criteria that are words the answer contains."""
-
-    def __init__(self):
-        self.calls, self.in_flight, self.peak = [], 0, 0
-        self.lock = threading.Lock()
-        app = FastAPI()
-
-        @app.post("/v1/chat/completions")
-        def chat(body: dict, authorization: str = Header("")):
-            if authorization != f"Bearer {KEY}":
-                raise HTTPException(401, "bad key")
-            with self.lock:
-                self.in_flight += 1
-                self.peak = max(self.peak, self.in_flight)
-            time.sleep(0.05)  # long enough for concurrent calls to overlap
-            prompt = body["messages"][-1]["content"]
-            with self.lock:
-                self.in_flight -= 1
-                self.calls.append(prompt)
-            answer = re.search(r"Answer: (.*)", prompt).group(1)
-            if "criterion: " in prompt:
-                word = prompt.split("criterion: ")[1].split("\n")[0]
-                text = "yes" if word in answer else "no"
-            else:
-                text = "hmm, hard to say" if "vague" in answer else f"Score: {int('good' in answer)}"
-            message = {"role": "assistant", "content": text}
-            return {
-                "id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-            }  # fmt: skip
-
-        self.app = app
-
 
 @pytest.fixture(scope="module")
 def judge():
-    j = Judge()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    server = uvicorn.Server(uvicorn.Config(j.app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    j.url = f"http://127.0.0.1:{port}/v1"
-    yield j
-    server.should_exit = True
-    thread.join(10)
+    with serving(Judge()) as j:
+        yield j
 
 
 @pytest.fixture(autouse=True)
@@ -172,3 +117,101 @@ def test_a_tiny_judge_served_by_trivium_s_own_endpoint(tiny_model_dir):
             again = reward(a, {"question": "How many apples?"})
             assert again.reward == results[answers.index(a)].reward
         assert len(judge_module._cache) == cached
+
+
+def group_of(*responses, task="t0", question="Name a fruit."):
+    """A group of single-turn experiences as the math workflow makes them (chat kept in info)."""
+    import torch
+
+    from trivium.types import Experience
+
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": question}]
+    return [
+        Experience(
+            tokens=torch.arange(4),
+            prompt_length=2,
+            action_mask=torch.ones(2, dtype=torch.bool),
+            logprobs=torch.zeros(2),
+            reward=0.25,
+            task_id=task,
+            run_index=i,
+            info={"response": r, "messages": chat},
+        )
+        for i, r in enumerate(responses)
+    ]
+
+
+def test_ruler_scores_a_whole_group_in_one_call_and_counts_what_it_could_not(judge):
+    from trivium.buffer.operators import ExperiencePipeline
+
+    pipeline = ExperiencePipeline([("ruler", args(judge, retries=1))])
+    groups = [
+        group_of("a good pear", "an ok plum", "a rock"),
+        group_of("good", "vague", task="t1"),  # unparsable twice: rewards stay
+        group_of("alone", task="t2"),  # one answer: nothing to rank, no call
+    ]
+    out, metrics = pipeline(groups)
+    assert [e.reward for e in out[0]] == [1.0, 0.5, 0.0]
+    assert [e.reward for e in out[1]] == [0.25, 0.25] and [e.reward for e in out[2]] == [0.25]
+    ranking_calls = [c for c in judge.calls if "candidate answers" in c]
+    assert len(ranking_calls) == 1 + 2  # one per group, the unparsable one asked again once
+    assert "Name a fruit." in ranking_calls[0] and "Be brief." not in ranking_calls[0]
+    assert metrics["ops/ruler/judged_groups"] == 1 and metrics["ops/ruler/unparsable_groups"] == 1
+    assert metrics["ops/ruler/failed_groups"] == 0 and metrics["ops/ruler/changed"] == 3
+    assert metrics["ops/ruler/reward_mean"] == pytest.approx((1.5 + 0.25 * 3) / 6)
+    pipeline(groups[:1])  # the same group again: served from the cache
+    assert len([c for c in judge.calls if "candidate answers" in c]) == 3
+
+    added, _ = ExperiencePipeline([("ruler", args(judge, weight=2.0, add=True))])(groups[:1])
+    assert [e.reward for e in added[0]] == [2.25, 1.25, 0.25]
+
+
+def test_ruler_keeps_rewards_when_the_judge_fails_and_checks_its_args(judge, monkeypatch):
+    from trivium.buffer.operators import ExperiencePipeline
+    from trivium.rewards import judge as judge_module
+    from trivium.rewards.ruler import parse_ranking
+
+    monkeypatch.setenv("JUDGE_KEY_FOR_TEST", "wrong")
+    judge_module._clients.clear()
+    out, metrics = ExperiencePipeline([("ruler", args(judge, timeout_s=5.0))])(
+        [group_of("good", "bad", question="Other?")]
+    )
+    judge_module._clients.clear()
+    assert [e.reward for e in out[0]] == [0.25, 0.25] and metrics["ops/ruler/failed_groups"] == 1
+
+    with pytest.raises(ValueError, match=r"ruler operator's args\.url"):
+        ExperiencePipeline([("ruler", {"url": "localhost:8000"})])
+    assert parse_ranking("1: 0.9\n2: 0.1", 2) == [0.9, 0.1] and parse_ranking("[7, 3]", 2, scale=10) == [
+        0.7,
+        0.3,
+    ]
+    assert parse_ranking("Answer 1: 0.9", 2) is None  # answer 2 has no score
+    assert parse_ranking("1: 0.9\n1: 0.2\n2: 0.1", 2) is None and parse_ranking("1: 3\n2: 0", 2) is None
+
+
+def test_a_judge_model_served_in_process_by_model_path(tiny_model_dir, tmp_path):
+    """``model_path`` instead of ``url``: the judge is loaded into this process and served by Trivium's own
+    endpoint on 127.0.0.1, one per model for every judge that names it."""
+    from trivium.buffer.operators import ExperiencePipeline
+    from trivium.rewards import judge as judge_module
+
+    local = {"model_path": str(tiny_model_dir), "retries": 0, "temperature": 1.0}
+    check_reward_args("llm_judge", local)
+    try:
+        score = get_reward_fn("llm_judge", {**local, "scale": 100, "max_tokens": 4})(
+            "3 apples", {"question": "?"}
+        )
+        rubric = get_reward_fn("rubric", {**local, "rubric": ["apples"], "max_tokens": 2})("3 apples", {})
+        _, metrics = ExperiencePipeline([("ruler", {**local, "max_tokens": 8})])([group_of("a", "b")])
+        assert 0.0 <= score.reward <= 1.0 and rubric.reward in (0.0, 1.0)
+        assert sum(metrics[f"ops/ruler/{k}_groups"] for k in ("judged", "unparsable", "failed")) == 1
+        assert metrics["ops/ruler/failed_groups"] == 0  # the call went through, whatever the tiny model said
+        assert len(judge_module._local) == 1  # one engine and endpoint for the three judges
+    finally:
+        for server in judge_module._local.values():
+            server.stop()
+        judge_module._local.clear()
+    with pytest.raises(ValueError, match="not both"):
+        check_reward_args("llm_judge", {**local, "url": "http://127.0.0.1:1/v1"})
+    with pytest.raises(ValueError, match=r"model_path .*no such folder"):
+        check_reward_args("rubric", {"model_path": str(tmp_path / "missing" / "judge")})

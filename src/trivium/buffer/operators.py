@@ -5,14 +5,17 @@ of one task in one step, ``list[Experience]``), registered in ``EXPERIENCE_OPS``
 ``module:function``. ``buffer.experience_ops: [{name, args}]`` lists them; ``ExperiencePipeline`` runs them
 in order and counts, per operator, the experiences it kept as they were, changed (returned as new objects,
 e.g. ``e.replace(reward=...)``) and dropped, and the groups it dropped: ``ops/<name>/kept|changed|dropped|
-dropped_groups`` in the step's metrics. An operator that takes a ``max_tokens`` argument gets
+dropped_groups``, and the mean reward of what it passes on (``ops/<name>/reward_mean``), in the step's
+metrics. An operator may also return ``(groups, counts)``: its own counts, as ``ops/<name>/<count>``. An
+operator that takes a ``max_tokens`` argument gets
 ``explorer.rollout.max_tokens`` unless its args set it.
 
 Filters: ``zero_variance`` (groups whose rewards are all equal: DAPO's dynamic sampling, docs/algorithms.md
 §6), ``reward_range``, ``response_length``, ``truncated``, ``invalid_format`` (a regex the response must
 match), ``duplicate_responses`` (the same tokens twice within a group). Shapers: ``format_bonus``,
 ``length_penalty`` (linear beyond a target length), ``overlong_penalty`` (DAPO's soft ramp, §6),
-``reward_scale`` (scale, shift and clip).
+``reward_scale`` (scale, shift and clip). Judge: ``ruler`` (rewards/ruler.py: a judge model scores a whole
+group of answers against each other in one call, RULER-style).
 
 With ``algorithm.dynamic_sampling.enabled`` the explorer samples more tasks until ``batch_size`` groups pass
 the operators, and the pipeline starts with ``zero_variance`` when the list does not name it.
@@ -60,6 +63,9 @@ class ExperiencePipeline:
                 EXPERIENCE_OPS.check_args(name, args)
             except TypeError as exc:
                 raise TypeError(f"buffer.experience_ops[{i}]: {exc}") from None
+            check = getattr(fn, "check_args", None)  # an operator's own value checks (ruler: the judge URL)
+            if callable(check):
+                check(args)
             label = name.rpartition(":")[2].rpartition(".")[2]
             label = label if label not in labels else f"{label}_{i}"
             labels.append(label)
@@ -73,14 +79,19 @@ class ExperiencePipeline:
         for label, fn, args in self.steps:
             before = {id(e) for g in groups for e in g}
             n_groups = len(groups)
-            out = [list(g) for g in fn([list(g) for g in groups], **args)]
-            groups = [g for g in out if g]
+            out = fn([list(g) for g in groups], **args)
+            if isinstance(out, tuple):  # (groups, the operator's own counts)
+                out, extra = out
+                metrics.update({f"ops/{label}/{k}": float(v) for k, v in extra.items()})
+            groups = [list(g) for g in out if g]
             n_after = sum(len(g) for g in groups)
             kept = sum(id(e) in before for g in groups for e in g)
             metrics[f"ops/{label}/kept"] = float(kept)
             metrics[f"ops/{label}/changed"] = float(n_after - kept)
             metrics[f"ops/{label}/dropped"] = float(max(0, len(before) - n_after))
             metrics[f"ops/{label}/dropped_groups"] = float(max(0, n_groups - len(groups)))
+            if n_after:
+                metrics[f"ops/{label}/reward_mean"] = sum(e.reward for g in groups for e in g) / n_after
         return groups, metrics
 
 
@@ -213,3 +224,7 @@ def reward_scale(
         return r if clip_max is None else min(clip_max, r)
 
     return _shape(groups, lambda e: new(e.reward))
+
+
+# the judged operator lives with the other judges; importing it registers "ruler" (after EXPERIENCE_OPS exists)
+from trivium.rewards import ruler as _ruler  # noqa: E402, F401

@@ -54,9 +54,17 @@ def check_data_pipeline(cfg: TriviumConfig, at) -> list[Problem]:
         if problem:
             out.append(Problem(at(f"buffer.experience_ops[{i}].name"), op.name, problem.rule, problem.fix))
         else:
-            out += _unknown_args(
-                at(f"buffer.experience_ops[{i}].args"), EXPERIENCE_OPS.get(op.name), op.args, 1
-            )
+            fn = EXPERIENCE_OPS.get(op.name)
+            unknown = _unknown_args(at(f"buffer.experience_ops[{i}].args"), fn, op.args, 1)
+            out += unknown
+            check = getattr(fn, "check_args", None)
+            if callable(check) and not unknown:
+                try:
+                    check(op.args)
+                except ValueError as exc:
+                    out.append(
+                        Problem(at(f"buffer.experience_ops[{i}].args"), op.args, str(exc), "fix the value")
+                    )
     sections = [("buffer.taskset", b.taskset)] + [
         (f"buffer.tasksets[{i}]", ts) for i, ts in enumerate(b.tasksets)
     ]

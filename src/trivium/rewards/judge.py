@@ -21,23 +21,42 @@ yes or no, weighted), from a model behind any OpenAI-compatible URL (Trivium's o
 ``{criterion, weight}`` (or plain strings, weight 1); each is asked as a yes/no question about the answer;
 the reward is the weight of the items judged "yes" over the total weight.
 
-Left out: ``ruler`` (ranking a whole group of answers in one call) needs a group-level reward seam; the
-reward seam scores one answer. A judge served by an in-process engine without a URL is not built either:
-serve the judge with ``trivium serve`` (or any server) and give its URL.
+``ruler`` (a whole group of answers ranked in one call) is an experience operator, since the reward seam
+scores one answer: rewards/ruler.py, on the same client, cache and concurrency bound.
+
+In process: ``model_path`` instead of ``url`` (a local model folder, or a Hugging Face id when online) loads
+the judge into this process with Trivium's engine on ``device`` / ``dtype`` and serves it on 127.0.0.1 with
+Trivium's own OpenAI-compatible endpoint (started on first use, one per (path, device, dtype), for the
+process's lifetime); everything else is the same path as a remote judge.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from trivium.rewards.registry import RewardResult, register_reward
 
-__all__ = ["CACHE_SIZE", "JUDGE_PROMPT", "RUBRIC_PROMPT", "clear_cache", "parse_score", "parse_yes_no"]
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "CACHE_SIZE",
+    "JUDGE_PROMPT",
+    "RUBRIC_PROMPT",
+    "check_judge_args",
+    "clear_cache",
+    "judge_settings",
+    "judged",
+    "local_judge_url",
+    "parse_score",
+    "parse_yes_no",
+]
 
 CACHE_SIZE = 100_000
 JUDGE_PROMPT = (
@@ -49,8 +68,9 @@ RUBRIC_PROMPT = (
     "Question: {question}\nAnswer: {answer}\n"
     "Does the answer satisfy this criterion: {criterion}\nReply yes or no."
 )
+_HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-_cache: OrderedDict[tuple[str, str, str, str], float] = OrderedDict()
+_cache: OrderedDict[tuple[str, str, str, str], Any] = OrderedDict()
 _cache_lock = threading.Lock()
 _limits: dict[str, threading.BoundedSemaphore] = {}
 _clients: dict[tuple[str, str, float], Any] = {}
@@ -107,7 +127,7 @@ def _ask(prompt: str, a: Mapping[str, Any]) -> str:
     return reply.choices[0].message.content or ""
 
 
-def _judged(prompt: str, a: Mapping[str, Any], parse, kind: str) -> tuple[float | None, int]:
+def judged(prompt: str, a: Mapping[str, Any], parse, kind: str) -> tuple[Any, int]:
     """The parsed verdict (None: unparsable after the retries) and how many retries it took. Only parsed
     verdicts are cached, keyed by (url, model, how the reply is read, prompt)."""
     key = (a["url"], a["model"], kind, prompt)
@@ -126,9 +146,42 @@ def _judged(prompt: str, a: Mapping[str, Any], parse, kind: str) -> tuple[float 
     return None, a["retries"]
 
 
-def _common(args: Mapping[str, Any]) -> dict[str, Any]:
+_local: dict[tuple[str, str, str], Any] = {}
+_local_lock = threading.Lock()
+
+
+def local_judge_url(
+    model_path: str, model: str = "judge", device: str = "cpu", dtype: str = "float32"
+) -> str:
+    """The ``.../v1`` URL of ``model_path`` served in this process on 127.0.0.1 by Trivium's own endpoint,
+    started on first use (one per (path, device, dtype)) and kept for the process's lifetime."""
+    key = (str(model_path), str(device), str(dtype))
+    with _local_lock:
+        server = _local.get(key)
+        if server is None:
+            from trivium.models.batching import BatchingRolloutModel
+            from trivium.models.transformers_engine import TransformersEngine
+            from trivium.serve.openai_server import OpenAIServer
+
+            engine = TransformersEngine.from_pretrained(model_path, device=device, dtype=dtype, seed=0)
+            server = OpenAIServer(BatchingRolloutModel(engine), model_name=model, drive_batches=True).start()
+            _local[key] = server
+            log.info(
+                "judge %s (%s, %s) served in this process at %s", model_path, device, dtype, server.base_url
+            )
+        return server.base_url
+
+
+def judge_settings(args: Mapping[str, Any]) -> dict[str, Any]:
+    """The call settings every judge shares, with their defaults; ``model_path`` starts the in-process judge."""
+    url = args.get("url") or ""
+    if args.get("model_path"):
+        model = args.get("model", "judge")
+        url = local_judge_url(
+            args["model_path"], model, args.get("device", "cpu"), args.get("dtype", "float32")
+        )
     return {
-        "url": args["url"],
+        "url": url,
         "model": args.get("model", "judge"),
         "api_key_env": args.get("api_key_env", ""),
         "timeout_s": float(args.get("timeout_s", 60.0)),
@@ -139,19 +192,29 @@ def _common(args: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _check(args: Mapping[str, Any]) -> None:
-    url = args.get("url")
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+def check_judge_args(args: Mapping[str, Any], where: str = "reward_args") -> None:
+    """``ValueError`` naming ``where.<key>`` for a judge's bad url, counts or prompt."""
+    url, path = args.get("url"), args.get("model_path")
+    if path:
+        if url:
+            raise ValueError(f"{where}: give the judge's url or its model_path (served in process), not both")
+        if not isinstance(path, str) or (not Path(path).is_dir() and not _HUB_ID.fullmatch(path)):
+            raise ValueError(
+                f"{where}.model_path must be a model folder (or a Hugging Face id when online), got {path!r}: "
+                "no such folder"
+            )
+    elif not isinstance(url, str) or not url.startswith(("http://", "https://")):
         raise ValueError(
-            f"reward_args.url must be the judge's http(s) base URL (e.g. http://host:8000/v1), got {url!r}"
+            f"{where}.url must be the judge's http(s) base URL (e.g. http://host:8000/v1), got {url!r}; or "
+            "give model_path to serve a local judge model in this process"
         )
     for key, low in (("max_concurrency", 1), ("retries", 0), ("max_tokens", 1)):
         value = args.get(key, low)
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"reward_args.{key} must be an integer >= {low}, got {value!r}")
+            raise ValueError(f"{where}.{key} must be an integer >= {low}, got {value!r}")
     for key in ("prompt",):
         if key in args and not isinstance(args[key], str):
-            raise ValueError(f"reward_args.{key} must be text, got {args[key]!r}")
+            raise ValueError(f"{where}.{key} must be text, got {args[key]!r}")
 
 
 def _fields(response: str, data: Mapping[str, Any]) -> dict[str, str]:
@@ -162,11 +225,14 @@ def _fields(response: str, data: Mapping[str, Any]) -> dict[str, str]:
     }
 
 
-@register_reward("llm_judge", check_args=_check)
+@register_reward("llm_judge", check_args=check_judge_args)
 def llm_judge_reward(
     response: str,
     data: Mapping[str, Any],
     url: str = "",
+    model_path: str = "",
+    device: str = "cpu",
+    dtype: str = "float32",
     model: str = "judge",
     api_key_env: str = "",
     prompt: str = JUDGE_PROMPT,
@@ -177,9 +243,9 @@ def llm_judge_reward(
     temperature: float = 0.0,
     max_tokens: int = 16,
 ) -> RewardResult:
-    a = _common(locals() | {"url": url})
+    a = judge_settings(locals())
     text = prompt.format(**_fields(response, data))
-    score, tries = _judged(text, a, lambda r: parse_score(r, scale), f"score/{scale}")
+    score, tries = judged(text, a, lambda r: parse_score(r, scale), f"score/{scale}")
     metrics = {"count/judge_unparsable": float(score is None), "count/judge_retries": float(tries)}
     return RewardResult(score or 0.0, {"judge_score": score or 0.0, **metrics})
 
@@ -199,12 +265,15 @@ def _items(data: Mapping[str, Any], rubric: Sequence[Any] | None) -> list[tuple[
     return out
 
 
-@register_reward("rubric", check_args=_check)
+@register_reward("rubric", check_args=check_judge_args)
 def rubric_reward(
     response: str,
     data: Mapping[str, Any],
     url: str = "",
     rubric: Sequence[Any] | None = None,
+    model_path: str = "",
+    device: str = "cpu",
+    dtype: str = "float32",
     model: str = "judge",
     api_key_env: str = "",
     prompt: str = RUBRIC_PROMPT,
@@ -214,11 +283,11 @@ def rubric_reward(
     temperature: float = 0.0,
     max_tokens: int = 4,
 ) -> RewardResult:
-    a = _common(locals() | {"url": url})
+    a = judge_settings(locals())
     items, fields = _items(data, rubric), _fields(response, data)
     got = unparsable = tries = 0.0
     for criterion, weight in items:
-        verdict, n = _judged(prompt.format(**fields, criterion=criterion), a, parse_yes_no, "yes_no")
+        verdict, n = judged(prompt.format(**fields, criterion=criterion), a, parse_yes_no, "yes_no")
         got += weight * (verdict or 0.0)
         unparsable += verdict is None
         tries += n

@@ -1,0 +1,156 @@
+"""``ruler``: a judge model scores a whole group of answers to one task against each other, in one call.
+
+RULER (Relative Universal LLM-Elicited Rewards, OpenPipe's ART, 2025) rests on two observations: a judge
+ranks answers to the same task far more reliably than it grades one answer on an absolute scale, and
+GRPO-style advantages only use the differences between the rewards of a group anyway. So the judge sees the
+task and the group's N answers, numbered, and gives each a score in [0, 1] relative to the others; no
+reference answer and no hand-written reward are needed.
+
+A group exists only after every answer of a task is sampled, so RULER is an experience operator, not a
+per-answer reward (the reward seam scores one answer, rewards/registry.py):
+
+    buffer:
+      experience_ops:
+        - name: ruler
+          args: {url: "http://127.0.0.1:8000/v1", model: judge, api_key_env: JUDGE_API_KEY}
+
+The workflow's own ``reward_fn`` still runs first (a cheap rule, or a constant); ``ruler`` then replaces each
+reward with ``weight * score`` (``add: true`` adds it to the workflow's reward instead).
+
+- ``model_path`` instead of ``url`` serves a local judge model in this process (rewards/judge.py).
+- The task shown to the judge is the last user message of the answer's chat (``info["messages"]``, kept by
+  the single-turn workflows); the answers are ``info["response"]``.
+- Groups are judged concurrently (``max_concurrency`` calls in flight per URL across the run, shared with
+  ``llm_judge`` and ``rubric``); a parsed ranking is cached per (url, model, prompt).
+- The reply must give a score for every answer (``1: 0.8`` lines or a JSON list of N numbers, each in
+  [0, 1] after dividing by ``scale``). A reply that does not is asked again (``retries``), then the group
+  keeps its rewards and counts in ``ops/ruler/unparsable_groups``; a call that fails (HTTP error, timeout)
+  keeps the group's rewards too, counted in ``ops/ruler/failed_groups`` and logged. The step never fails
+  because of the judge.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from trivium.buffer.operators import EXPERIENCE_OPS, Groups
+from trivium.rewards.judge import check_judge_args, judge_settings, judged
+from trivium.types import Experience
+
+__all__ = ["RULER_PROMPT", "parse_ranking", "ruler"]
+
+log = logging.getLogger(__name__)
+
+RULER_PROMPT = (
+    "Below are a task and {n} candidate answers to it. Score each answer from 0 to 1 relative to the "
+    "others: the best near 1, the worst near 0, equally good answers equally.\n\n"
+    "Task:\n{question}\n\n{answers}\n"
+    'Reply with one line per answer, "<answer number>: <score>", and nothing else.'
+)
+_LINE = re.compile(r"^\W*(?:answer\s*)?(\d+)\s*[:=)\-]\s*(-?\d+(?:\.\d+)?)", re.I | re.M)
+
+
+def parse_ranking(reply: str, n: int, scale: float = 1.0) -> list[float] | None:
+    """The N scores of a judge's reply (``k: score`` lines, or a JSON list of N numbers), each over
+    ``scale`` and in [0, 1]; None when an answer has no score, a number repeats, or a score is out of range."""
+    scores: list[float] | None = None
+    text = reply.strip()
+    if text.startswith("["):
+        try:
+            values = json.loads(text)
+        except ValueError:
+            values = None
+        if isinstance(values, list) and len(values) == n and all(isinstance(v, (int, float)) for v in values):
+            scores = [float(v) for v in values]
+    if scores is None:
+        found: dict[int, float] = {}
+        for number, value in _LINE.findall(reply):
+            k = int(number)
+            if k in found or not 1 <= k <= n:
+                return None
+            found[k] = float(value)
+        if sorted(found) != list(range(1, n + 1)):
+            return None
+        scores = [found[k] for k in range(1, n + 1)]
+    scores = [s / scale for s in scores]
+    return scores if all(0.0 <= s <= 1.0 for s in scores) else None
+
+
+def _question(e: Experience) -> str:
+    messages = e.info.get("messages") or ()
+    users = [m.get("content", "") for m in messages if isinstance(m, Mapping) and m.get("role") == "user"]
+    return str(users[-1]) if users else ""
+
+
+def _prompt(group: list[Experience], template: str) -> str:
+    answers = "".join(f"Answer {i}:\n{e.info.get('response', '')}\n\n" for i, e in enumerate(group, 1))
+    return template.format(n=len(group), question=_question(group[0]), answers=answers)
+
+
+def _check(args: Mapping[str, Any]) -> None:
+    check_judge_args(args, "the ruler operator's args")
+    if "scale" in args and not (isinstance(args["scale"], (int, float)) and args["scale"] > 0):
+        raise ValueError(f"the ruler operator's args.scale must be a positive number, got {args['scale']!r}")
+
+
+@EXPERIENCE_OPS.register("ruler")
+def ruler(
+    groups: Groups,
+    url: str = "",
+    model_path: str = "",
+    device: str = "cpu",
+    dtype: str = "float32",
+    model: str = "judge",
+    api_key_env: str = "",
+    prompt: str = RULER_PROMPT,
+    scale: float = 1.0,
+    weight: float = 1.0,
+    add: bool = False,
+    retries: int = 2,
+    timeout_s: float = 60.0,
+    max_concurrency: int = 8,
+    temperature: float = 0.0,
+    max_tokens: int = 256,
+) -> tuple[Groups, dict[str, float]]:
+    """Each group's rewards from one judge call ranking its answers (the module's docstring)."""
+    _check(
+        {"url": url, "model_path": model_path, "max_concurrency": max_concurrency, "retries": retries,
+         "max_tokens": max_tokens}
+    )  # fmt: skip
+    a = judge_settings(locals())
+
+    def judge(group: list[Experience]) -> tuple[list[float] | None, str]:
+        if len(group) < 2:
+            return None, "single"  # nothing to compare against: the workflow's reward stays
+        try:
+            scores, _ = judged(
+                _prompt(group, prompt), a, lambda r: parse_ranking(r, len(group), scale), "rank"
+            )
+        except Exception as exc:  # an HTTP error or timeout after the client's retries
+            log.warning(
+                "ruler: the judge call for task %r failed (%s); its rewards stay", group[0].task_id, exc
+            )
+            return None, "failed"
+        return scores, "ok" if scores is not None else "unparsable"
+
+    with ThreadPoolExecutor(max_workers=max(1, min(max_concurrency, len(groups)))) as pool:
+        verdicts = list(pool.map(judge, groups))
+    out: Groups = []
+    counts = {"judged_groups": 0.0, "unparsable_groups": 0.0, "failed_groups": 0.0}
+    for group, (scores, how) in zip(groups, verdicts, strict=True):
+        if scores is None:
+            if how != "single":
+                counts[f"{how}_groups"] += 1
+            out.append(group)
+            continue
+        counts["judged_groups"] += 1
+        out.append([e.replace(reward=weight * s + (e.reward if add else 0.0)) for e, s in zip(group, scores)])
+    return out, counts
+
+
+ruler.check_args = _check  # type: ignore[attr-defined]
