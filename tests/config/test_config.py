@@ -93,6 +93,16 @@ def test_unknown_workflow_field_mapping(data_dir):
     assert "did you mean 'question'?" in p.fix
 
 
+def test_a_reward_s_own_task_fields_may_be_mapped(data_dir):
+    """``rubric`` reads a per-task rubric: mapping its column is valid with that reward, not with another."""
+    raw = base()
+    raw["buffer"]["taskset"]["fields"] = {"rubric": "criteria"}
+    (p,) = problems_of(raw, data_dir).problems
+    assert p.path == "buffer.taskset.fields.rubric" and "reward 'math_verify'" in p.rule
+    raw["buffer"]["taskset"].update(reward_fn="rubric", reward_args={"url": "http://127.0.0.1:9/v1"})
+    validate_raw(raw, data_dir)  # valid: no error
+
+
 def test_mode_and_algorithm_must_agree(data_dir):
     err = problems_of(base(algorithm={"algorithm_type": "sft"}), data_dir)
     assert [p.path for p in err.problems] == ["mode"]

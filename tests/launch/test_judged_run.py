@@ -17,7 +17,8 @@ from trivium.monitor.metrics import read_metrics
 def test_a_rubric_judge_as_the_only_reward_and_the_judged_score_rises(e2e, tmp_path, monkeypatch):
     e2e.write(tmp_path)
     rows = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
-    for row in rows:  # the rubric: one item, the right code ("#### 7"), judged yes if the answer holds it
+    for row in rows:  # the rubric: one item, the right code ("#### 7"), judged yes if the answer holds it;
+        # a "rubric" column reaches the reward unmapped (the reward declares the field)
         row["rubric"] = [row["answer"]]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     monkeypatch.setenv("JUDGE_KEY_FOR_TEST", KEY)
@@ -26,7 +27,6 @@ def test_a_rubric_judge_as_the_only_reward_and_the_judged_score_rises(e2e, tmp_p
         cfg["stages"][1]["buffer"]["taskset"].update(
             reward_fn="rubric",
             reward_args={"url": judge.url, "api_key_env": "JUDGE_KEY_FOR_TEST"},
-            fields={"rubric": "rubric"},
         )
         (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
         assert cli(["run", "--config", str(tmp_path / "run.yaml")]) == 0

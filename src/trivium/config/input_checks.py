@@ -102,6 +102,7 @@ def check_data_files(cfg: TriviumConfig, prefix: str = "") -> list[Problem]:
     from trivium.buffer.sources import taskset_rows
     from trivium.buffer.task_files import TaskDataError
     from trivium.buffer.task_reader import TaskSetReader
+    from trivium.rewards.registry import reward_task_fields
     from trivium.workflows.registry import WORKFLOWS
 
     def at(path: str) -> str:
@@ -124,7 +125,8 @@ def check_data_files(cfg: TriviumConfig, prefix: str = "") -> list[Problem]:
                 continue  # reported by check_semantics
             workflow = WORKFLOWS.get(section.workflow)
             required, all_columns = dict(workflow.fields), workflow.reads_all_columns
-        fields = {**{k: k for k in required}, **section.fields}
+        optional = reward_task_fields(section.reward_fn) if isinstance(section, TaskSetConfig) else ()
+        fields = {**{k: k for k in (*required, *optional)}, **section.fields}
         name = getattr(section, "name", "") or Path(section.path).stem or field
         try:
             rows = taskset_rows(section, name, field) if isinstance(section, TaskSetConfig) else None

@@ -416,7 +416,7 @@ def _check_data(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
 def _check_taskset_parts(path: str, ts: TaskSetConfig, at) -> list[Problem]:
     """The task set's workflow (its arguments and environment included), field names and reward."""
     from trivium.registry import UnknownPartError
-    from trivium.rewards.registry import REWARD_FNS, check_reward_args
+    from trivium.rewards.registry import REWARD_FNS, check_reward_args, reward_task_fields
     from trivium.workflows.registry import WORKFLOWS
 
     out = []
@@ -446,7 +446,7 @@ def _check_taskset_parts(path: str, ts: TaskSetConfig, at) -> list[Problem]:
                 f"see the '{ts.workflow}' workflow's docstring for its arguments",
             )
         )
-    known = workflow.fields
+    known = [*workflow.fields, *reward_task_fields(ts.reward_fn)]  # the reward's own fields too (rubric)
     for key in ts.fields:
         if key not in known:
             hint = did_you_mean(key, known)
@@ -454,7 +454,7 @@ def _check_taskset_parts(path: str, ts: TaskSetConfig, at) -> list[Problem]:
                 Problem(
                     at(f"{path}.fields.{key}"),
                     ts.fields[key],
-                    f"workflow '{ts.workflow}' has no field '{key}'",
+                    f"workflow '{ts.workflow}' (with reward '{ts.reward_fn}') has no field '{key}'",
                     (hint + " " if hint else "") + f"its fields: {', '.join(known)}",
                 )
             )

@@ -156,6 +156,7 @@ def sampling_params(cfg: TriviumConfig) -> tuple[SamplingParams, SamplingParams]
 def task_reader(ts: TaskSetConfig, seed: int, is_eval: bool, field: str = "buffer.taskset"):
     from trivium.buffer.sources import taskset_rows
     from trivium.buffer.task_reader import TaskSetReader
+    from trivium.rewards.registry import reward_task_fields
     from trivium.workflows.registry import get_workflow
 
     workflow = get_workflow(ts.workflow)
@@ -164,7 +165,7 @@ def task_reader(ts: TaskSetConfig, seed: int, is_eval: bool, field: str = "buffe
     return TaskSetReader(
         ts.path if rows is None else rows,
         name=name,
-        fields={**{k: k for k in workflow.fields}, **ts.fields},
+        fields={**{k: k for k in (*workflow.fields, *reward_task_fields(ts.reward_fn))}, **ts.fields},
         required=workflow.fields,
         workflow=ts.workflow,
         reward_fn=ts.reward_fn,

@@ -265,7 +265,7 @@ def _items(data: Mapping[str, Any], rubric: Sequence[Any] | None) -> list[tuple[
     return out
 
 
-@register_reward("rubric", check_args=check_judge_args)
+@register_reward("rubric", check_args=check_judge_args, task_fields=("rubric",))
 def rubric_reward(
     response: str,
     data: Mapping[str, Any],

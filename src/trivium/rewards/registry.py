@@ -30,6 +30,7 @@ __all__ = [
     "check_reward_args",
     "get_reward_fn",
     "register_reward",
+    "reward_task_fields",
 ]
 
 
@@ -49,16 +50,30 @@ REWARD_FNS: Registry[RewardFn] = Registry(
 
 
 def register_reward(
-    name: str, *, check_args: Callable[[Mapping[str, Any]], None] | None = None
+    name: str,
+    *,
+    check_args: Callable[[Mapping[str, Any]], None] | None = None,
+    task_fields: tuple[str, ...] = (),
 ) -> Callable[[RewardFn], RewardFn]:
-    """Decorator registering a reward; ``check_args(args)`` raises ``ValueError`` on bad ``reward_args``."""
+    """Decorator registering a reward; ``check_args(args)`` raises ``ValueError`` on bad ``reward_args``.
+    ``task_fields``: optional task fields the reward reads beyond its workflow's (``rubric``'s per-task
+    rubric): a task set may map them, and a column of that name reaches ``Task.data`` unmapped."""
 
     def add(fn: RewardFn) -> RewardFn:
         if check_args is not None:
             fn.check_args = check_args  # type: ignore[attr-defined]
+        fn.task_fields = tuple(task_fields)  # type: ignore[attr-defined]
         return REWARD_FNS.register(name)(fn)
 
     return add
+
+
+def reward_task_fields(name: str) -> tuple[str, ...]:
+    """The optional task fields reward ``name`` reads (``register_reward(task_fields=...)``); () for an
+    unknown name (reported elsewhere) or a ``module:function`` without the attribute."""
+    if REWARD_FNS.problem(name):
+        return ()
+    return tuple(getattr(REWARD_FNS.get(name), "task_fields", ()))
 
 
 def check_reward_args(name: str, args: Mapping[str, Any]) -> None:
