@@ -1,9 +1,11 @@
 """A real Studio server on 127.0.0.1 (uvicorn in a thread) over a runs root and a config folder holding the
 end-to-end tests' tiny task (tests/launch/conftest.py): SFT for a few steps, then GRPO."""
 
+import shutil
 import socket
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -57,6 +59,17 @@ def tiny_run_config(folder, name="tiny", sft_steps=4, grpo_steps=3):
     cfg["monitor"]["trajectories"] = {"every": 2, "per_step": 8}
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+QUICKSTART = Path(__file__).parents[2] / "examples" / "quickstart"
+
+
+def quickstart_config(folder):
+    """The quickstart's config and data, unchanged, copied into ``folder``; returns the config path."""
+    shutil.copytree(QUICKSTART / "data", folder / "data")
+    path = folder / "grpo_word_problems.yaml"
+    shutil.copyfile(QUICKSTART / "grpo_word_problems.yaml", path)
     return path
 
 

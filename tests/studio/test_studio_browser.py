@@ -1,6 +1,7 @@
-"""Studio in a real browser (headless Chromium driven by Playwright): build a config in the builder, see an
-error appear on a wrong field, fix and save it, launch it from the Runs page, watch its chart grow, compare
-runs; screenshots of every page (into TRIVIUM_STUDIO_SCREENSHOTS, e.g. docs/studio, when it is set).
+"""Studio in a real browser (headless Chromium driven by Playwright): load the quickstart's config in the
+builder, see an error appear on a wrong field, fix and save it, launch it from the Runs page for a few steps
+of each stage (SFT, then the quickstart's GRPO stage), watch its chart grow, find a token's advantage on the
+Trajectories page, annotate three pairs and train DPO on them, compare runs; screenshots of every page (into TRIVIUM_STUDIO_SCREENSHOTS, e.g. docs/studio, when it is set).
 
 Needs Debian's chromium (.ci/run installs it); without it the test is skipped, unless
 TRIVIUM_REQUIRE_BROWSER=1 (set by .ci/run), where a missing browser fails it."""
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tests.studio.conftest import tiny_run_config, wait_for
+from tests.studio.conftest import quickstart_config, wait_for
 
 from trivium.monitor.metrics import read_metrics
 from trivium.monitor.trajectories import read_trajectories
@@ -42,7 +43,9 @@ def shots(tmp_path) -> Path:
 @pytest.mark.integration
 @pytest.mark.slow
 def test_build_a_config_launch_it_and_watch_it_learn(studio, browser, tmp_path):
-    config = tiny_run_config(studio.configs, sft_steps=20, grpo_steps=6)
+    config = quickstart_config(studio.configs)
+    short = "stages.0.buffer.total_steps=20; stages.0.trainer.warmup_steps=2; stages.1.buffer.total_steps=6"
+    run_id, run_dir = "quickstart/word-problems", studio.root / "quickstart" / "word-problems"
     out = shots(tmp_path)
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     errors = []
@@ -77,15 +80,17 @@ def test_build_a_config_launch_it_and_watch_it_learn(studio, browser, tmp_path):
     saved = yaml.safe_load((studio.configs / "built.yaml").read_text())
     assert saved["trainer"]["lr"] == 0.002 and saved["stages"][1]["name"] == "grpo"
 
-    # the runs page: launch the saved config
+    # the runs page: launch the saved config, 20 SFT steps then 6 of the quickstart's GRPO stage, with
+    # trajectories recorded every 2 steps
     page.goto(f"{studio.url}/#/runs")
     page.select_option("#launch-config", str(studio.configs / "built.yaml"))
+    page.fill("#launch-overrides", f"{short}; monitor.trajectories.every=2; monitor.trajectories.per_step=8")
     page.click("#launch")
-    page.wait_for_selector('tr[data-run="e2e/tiny"]')
+    page.wait_for_selector(f'tr[data-run="{run_id}"]')
     page.screenshot(path=str(out / "runs.png"))
 
     # the run page: its loss chart grows while it runs, then it finishes
-    page.click('a[href="#/run?id=e2e%2Ftiny"]')
+    page.click('a[href="#/run?id=quickstart%2Fword-problems"]')
     line = page.locator('svg[data-key="train/loss"] polyline')
     line.wait_for(timeout=120_000)
     first = int(line.get_attribute("data-points"))
@@ -106,8 +111,8 @@ def test_build_a_config_launch_it_and_watch_it_learn(studio, browser, tmp_path):
     token = first.locator(".tok[data-advantage]").nth(0)
     shown = float(token.get_attribute("data-advantage"))
     assert f"advantage {token.get_attribute('data-advantage')}" in token.get_attribute("title")
-    records = read_trajectories(studio.root / "e2e" / "tiny")
-    assert len(records) == 3 * 8  # GRPO steps 2, 4, 6; 8 samples each (2 of each of 4 groups)
+    records = read_trajectories(run_dir)
+    assert len(records) == 3 * 8  # GRPO steps 2, 4, 6; 8 samples each (2 of each of 4 of the 16 groups)
     best = max(r["reward"] for r in records)
     match = next(
         r
@@ -122,7 +127,7 @@ def test_build_a_config_launch_it_and_watch_it_learn(studio, browser, tmp_path):
     page.screenshot(path=str(out / "trajectories.png"), full_page=False)
 
     # annotate: three picks by keyboard, then DPO trains on the pairs they wrote
-    page.goto(f"{studio.url}/#/annotate?id=e2e/tiny")
+    page.goto(f"{studio.url}/#/annotate?id={run_id}")
     page.wait_for_selector("#annotate [data-answer]")
     page.screenshot(path=str(out / "annotate.png"))
     for _ in range(3):
@@ -130,7 +135,8 @@ def test_build_a_config_launch_it_and_watch_it_learn(studio, browser, tmp_path):
         page.keyboard.press("1")
         page.wait_for_function(f"!document.querySelector('#annotate [data-key=\"{key}\"]')")
     pairs = [
-        json.loads(x) for x in (studio.configs / "annotations" / "e2e__tiny.jsonl").read_text().splitlines()
+        json.loads(x)
+        for x in (studio.configs / "annotations" / "quickstart__word-problems.jsonl").read_text().splitlines()
     ]
     assert len({p["source"]["key"] for p in pairs}) == 3 and all(p["chosen"] != p["rejected"] for p in pairs)
     dpo = {
@@ -138,12 +144,12 @@ def test_build_a_config_launch_it_and_watch_it_learn(studio, browser, tmp_path):
         "name": "dpo",
         "checkpoint_root": str(tmp_path / "dpo-runs"),
         "mode": "train",
-        "model": {"path": str(studio.root / "e2e" / "tiny" / "checkpoints" / "grpo" / "step_6" / "model")},
+        "model": {"path": str(run_dir / "checkpoints" / "grpo" / "step_6" / "model")},
         "algorithm": {"algorithm_type": "dpo"},
         "buffer": {
             "batch_size": 2,
             "total_steps": 2,
-            "preference_dataset": {"path": "annotations/e2e__tiny.jsonl"},
+            "preference_dataset": {"path": "annotations/quickstart__word-problems.jsonl"},
         },
         "monitor": {"progress_bar": False},
     }
@@ -162,11 +168,12 @@ def test_build_a_config_launch_it_and_watch_it_learn(studio, browser, tmp_path):
 
     # compare: two runs overlaid
     page.goto(f"{studio.url}/#/runs")
-    page.fill("#launch-overrides", "name=tiny2; stages.1.trainer.lr=0.01")
+    page.select_option("#launch-config", str(studio.configs / "built.yaml"))
+    page.fill("#launch-overrides", f"name=word-problems-2; {short}; stages.1.trainer.lr=0.001")
     page.click("#launch")
-    page.wait_for_selector('tr[data-run="e2e/tiny2"] .state.finished', timeout=300_000)
-    page.goto(f"{studio.url}/#/compare?ids=e2e/tiny,e2e/tiny2")
-    page.wait_for_selector('svg[data-key="train/loss"] polyline[data-run="e2e/tiny2"]')
+    page.wait_for_selector('tr[data-run="quickstart/word-problems-2"] .state.finished', timeout=300_000)
+    page.goto(f"{studio.url}/#/compare?ids={run_id},quickstart/word-problems-2")
+    page.wait_for_selector('svg[data-key="train/loss"] polyline[data-run="quickstart/word-problems-2"]')
     assert page.locator('svg[data-key="train/loss"] polyline').count() == 2
     page.screenshot(path=str(out / "compare.png"), full_page=True)
     assert not errors, errors

@@ -286,6 +286,22 @@ class SqlStorage:
 
         return self._transaction(f"recovering the claims of {consumer!r}", release)
 
+    def peek(self, status: Status | None = None, *, limit: int = 100) -> list[Experience]:
+        """Up to ``limit`` experiences in ``status`` (any when None), the newest first, without claiming or
+        changing them: for viewers (Studio's trajectories and annotation), never for training."""
+        if status is not None and status not in STATUSES:
+            raise ValueError(f"SqlStorage.peek(status={status!r}): use one of {list(STATUSES)} or None")
+        rows = self._rows
+        stmt = sa.select(rows.c.id, rows.c.record_format, rows.c.fields, rows.c.tensors)
+        if status is not None:
+            stmt = stmt.where(rows.c.status == status)
+        stmt = stmt.order_by(rows.c.id.desc()).limit(max(0, int(limit)))
+
+        def select(conn: sa.Connection) -> list[sa.Row]:
+            return list(conn.execute(stmt).all())
+
+        return [self._decode(r) for r in self._transaction(f"listing {status or 'all'} experiences", select)]
+
     def count(self, status: Status | None = None) -> int:
         stmt = sa.select(sa.func.count()).select_from(self._rows)
         if status is not None:

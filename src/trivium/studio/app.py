@@ -22,6 +22,7 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field
 
 from trivium.config.errors import ConfigError
+from trivium.serve.schemas import RequestError
 from trivium.studio import runs as run_control
 from trivium.studio.files import Guard, OutsideError, list_runs, run_summary
 
@@ -46,6 +47,13 @@ class PickRequest(BaseModel):
     key: str = Field(max_length=64)
     chosen: int
     edited: str | None = Field(None, max_length=MAX_TEXT)
+
+
+class FeedbackRequest(BaseModel):
+    id: str = Field(max_length=4096)  # the run
+    call: str = Field(min_length=1, max_length=255)  # the served call's id
+    reward: float = Field(allow_inf_nan=False)
+    choice: int | None = Field(None, ge=0)
 
 
 class LaunchRequest(BaseModel):
@@ -82,6 +90,10 @@ def create_app(root: str | Path, config_dirs: list[str | Path], token: str | Non
     @app.exception_handler(run_control.Conflict)
     async def _conflict(request, error):
         return JSONResponse({"error": str(error)}, 409)
+
+    @app.exception_handler(RequestError)
+    async def _request(request, error):  # the serve mode's feedback handler: 400, 404 or 409 with its text
+        return JSONResponse({"error": error.message}, error.status)
 
     @app.exception_handler(ConfigError)
     async def _config(request, error):
@@ -199,22 +211,34 @@ def create_app(root: str | Path, config_dirs: list[str | Path], token: str | Non
 
     @app.get("/api/run/trajectories")
     def trajectories(
-        id: str, step: int | None = None, sort: str = "step", descending: bool = False, limit: int = 50
+        id: str,
+        step: int | None = None,
+        sort: str = "step",
+        descending: bool = False,
+        limit: int = 50,
+        source: str = "recorded",
     ) -> dict[str, Any]:
-        """Recorded samples (``monitor.trajectories``), filtered by step and sorted by step, reward, length
-        or mean advantage."""
+        """Recorded samples (``monitor.trajectories``), or the newest experiences of the run's SQL buffer
+        (``source=buffer``), filtered by step and sorted by step, reward, length or mean advantage."""
         from trivium.monitor.trajectories import read_trajectories
 
-        records = read_trajectories(guard.run_dir(id))
+        if source == "buffer":  # the run's SQL buffer (decoupled runs): rollout numbers only
+            from trivium.studio.buffer_view import buffer_records
+
+            records = buffer_records(guard, id, status=None, limit=500)
+        elif source == "recorded":
+            records = read_trajectories(guard.run_dir(id))
+        else:
+            raise run_control.Conflict(f"source={source!r}: use 'recorded' (trajectories.jsonl) or 'buffer'")
         steps = sorted({(r["global_step"], r["stage"], r["step"]) for r in records})
         if step is not None:
             records = [r for r in records if r["global_step"] == step]
         keys = {
             "step": lambda r: (r["global_step"], r["group_id"]),
-            "reward": lambda r: r["reward"],
+            "reward": lambda r: -1e30 if r["reward"] is None else r["reward"],
             "length": lambda r: len(r["response_ids"]),
             "advantage": lambda r: (
-                sum(a for a, m in zip(r["advantage"], r["mask"]) if m) / max(1, sum(r["mask"]))
+                sum(a for a, m in zip(r["advantage"] or [], r["mask"]) if m) / max(1, sum(r["mask"]))
             ),
         }
         if sort not in keys:
@@ -242,6 +266,20 @@ def create_app(root: str | Path, config_dirs: list[str | Path], token: str | Non
             return write_pick(guard, body.id, body.key, body.chosen, body.edited)
         except ValueError as error:
             raise run_control.Conflict(str(error)) from error
+
+    @app.get("/api/annotate/calls")
+    def annotate_calls(id: str) -> dict[str, Any]:
+        """The serve mode's calls of a run still waiting for a reward (its SQL buffer's pending rows)."""
+        from trivium.studio.buffer_view import pending_calls
+
+        return pending_calls(guard, id)
+
+    @app.post("/api/annotate/feedback")
+    def annotate_feedback(body: FeedbackRequest) -> dict[str, Any]:
+        """A reward for a served call, through the serve mode's feedback path."""
+        from trivium.studio.buffer_view import send_feedback
+
+        return send_feedback(guard, body.id, body.call, body.reward, body.choice)
 
     @app.post("/api/runs/launch")
     def launch(body: LaunchRequest) -> dict[str, Any]:

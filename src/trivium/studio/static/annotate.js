@@ -1,9 +1,83 @@
 // Annotate: a prompt and the answers a run sampled for it; pick the better one (keys 1-9), edit it first
 // (e, then Ctrl+Enter), or skip (s). Each pick becomes preference pairs in a JSONL file DPO trains on.
+// With source=calls: the serve mode's calls still waiting for a reward; g / b reward the call good / bad,
+// 1-9 rewards that choice good and the others bad, through the serve mode's feedback path.
 import { api, el, flash, query } from "./app.js";
+
+function switcher(id, source) {
+  const link = (value, label) => (value === source ? el("strong", {}, label)
+    : el("a", { href: `#/annotate?id=${encodeURIComponent(id)}&source=${value}` }, label));
+  return el("span", { class: "row" }, link("samples", "recorded samples → DPO pairs"), "·", link("calls", "serve calls → rewards"));
+}
+
+async function callsPage(page, id) {
+  let calls = [];
+  let at = 0;
+  let sent = 0;
+  const good = el("input", { id: "good-reward", type: "number", step: "any", value: "1", size: 4 });
+  const bad = el("input", { id: "bad-reward", type: "number", step: "any", value: "0", size: 4 });
+  const box = el("div", { id: "annotate" });
+  const status = el("div", { class: "muted", id: "annotate-status" });
+  page.append(
+    el("div", { class: "panel row" }, el("a", { href: `#/run?id=${encodeURIComponent(id)}` }, id), switcher(id, "calls"),
+      "good", good, "bad", bad,
+      el("span", { class: "muted" }, "keys: g good · b bad · 1-9 that choice good, the others bad · s skip")),
+    status, box);
+
+  function show() {
+    status.textContent = `${sent} reward(s) sent this session; ${Math.max(0, calls.length - at)} call(s) waiting`;
+    if (at >= calls.length) {
+      box.replaceChildren(el("div", { class: "panel", id: "annotate-done" }, "no served call is waiting for a reward"));
+      return;
+    }
+    const call = calls[at];
+    box.replaceChildren(el("div", { class: "panel", "data-call": call.id },
+      el("div", { class: "muted" }, `call ${call.id} · weights v${call.model_version}`),
+      el("pre", { class: "yaml prompt-text" }, call.prompt),
+      call.answers.map((a, i) => el("div", { class: "answer", "data-answer": i + 1 },
+        call.answers.length > 1 ? el("button", { onclick: () => reward(i) }, `${i + 1}`) : null,
+        el("span", { class: "muted" }, ` choice ${a.choice}`),
+        el("pre", { class: "yaml" }, a.text))),
+      el("div", { class: "row" }, el("button", { onclick: () => reward(null, true) }, "good (g)"),
+        el("button", { onclick: () => reward(null, false) }, "bad (b)"))));
+  }
+
+  async function reward(index, isGood = true) {
+    const call = calls[at];
+    const value = (yes) => Number(yes ? good.value : bad.value);
+    const sends = index === null
+      ? [{ choice: null, reward: value(isGood) }]
+      : call.answers.map((a, i) => ({ choice: a.choice, reward: value(i === index) }));
+    try {
+      for (const one of sends) await api("/api/annotate/feedback", { json: { id, call: call.id, ...one } });
+      sent += sends.length;
+      flash(`call ${call.id}: ${sends.length} reward(s) sent`, true);
+    } catch (error) {
+      flash(error.message);
+      return;
+    }
+    at += 1;
+    show();
+  }
+
+  function onKey(e) {
+    if (e.target.tagName === "TEXTAREA" || e.target.tagName === "INPUT" || at >= calls.length) return;
+    const n = calls[at].answers.length;
+    if (e.key === "g") reward(null, true);
+    else if (e.key === "b") reward(null, false);
+    else if (/^[1-9]$/.test(e.key) && n > 1 && Number(e.key) <= n) reward(Number(e.key) - 1);
+    else if (e.key === "s") { at += 1; show(); }
+  }
+
+  calls = (await api(`/api/annotate/calls?id=${encodeURIComponent(id)}`)).calls;
+  show();
+  document.addEventListener("keydown", onKey);
+  return () => document.removeEventListener("keydown", onKey);
+}
 
 export async function annotatePage(page) {
   const id = query().get("id");
+  if (query().get("source") === "calls") return callsPage(page, id);
   let items = [];
   let at = 0;
   let file = "";
@@ -11,7 +85,7 @@ export async function annotatePage(page) {
   const box = el("div", { id: "annotate" });
   const status = el("div", { class: "muted", id: "annotate-status" });
   page.append(
-    el("div", { class: "panel row" }, el("a", { href: `#/run?id=${encodeURIComponent(id)}` }, id),
+    el("div", { class: "panel row" }, el("a", { href: `#/run?id=${encodeURIComponent(id)}` }, id), switcher(id, "samples"),
       el("span", { class: "muted" }, "keys: 1-9 pick the better answer · e edit the picked one, Ctrl+Enter saves · s skip")),
     status, box);
 

@@ -1,12 +1,13 @@
-// Trajectories: recorded samples token by token (monitor.trajectories), each token coloured by the chosen
-// quantity; prompt tokens grey, environment tokens (mask false) hatched; every number in a token's tooltip.
+// Trajectories: recorded samples token by token (monitor.trajectories), or the newest experiences of the
+// run's SQL buffer (decoupled runs: rollout numbers only), each token coloured by the chosen quantity;
+// prompt tokens grey, environment tokens (mask false) hatched; every number in a token's tooltip.
 import { api, el, query } from "./app.js";
 
 const MEASURES = {
   logprob: { label: "rollout log-prob", values: (r) => r.logprob, diverging: false },
   entropy: { label: "entropy", values: (r) => r.entropy, diverging: false },
   advantage: { label: "advantage", values: (r) => r.advantage, diverging: true },
-  gap: { label: "trainer − rollout log-prob", values: (r) => r.trainer_logprob.map((t, i) => t - r.logprob[i]), diverging: true },
+  gap: { label: "trainer − rollout log-prob", values: (r) => r.trainer_logprob && r.trainer_logprob.map((t, i) => t - r.logprob[i]), diverging: true },
 };
 
 function colour(value, scale, diverging) {
@@ -22,7 +23,8 @@ function tokenText(text) {
 
 function sample(record, measure) {
   const m = MEASURES[measure];
-  const values = m.values(record);
+  const values = m.values(record) || record.logprob.map(() => 0); // buffer records: no trainer numbers
+  const at = (v, i) => (v ? v[i] : "—");
   const masked = values.filter((_, i) => record.mask[i]).map(Math.abs);
   const scale = Math.max(1e-6, ...masked);
   const prompt = record.prompt_text.map((t, i) => el("span", { class: "tok prompt", title: `prompt token ${record.prompt_ids[i]}` }, tokenText(t)));
@@ -30,23 +32,23 @@ function sample(record, measure) {
     const env = !record.mask[i];
     const title = env
       ? `environment token ${record.response_ids[i]} (mask false: not trained)`
-      : `token ${record.response_ids[i]}\nrollout log-prob ${record.logprob[i]}\ntrainer log-prob ${record.trainer_logprob[i]}\nentropy ${record.entropy[i]}\nadvantage ${record.advantage[i]}`;
+      : `token ${record.response_ids[i]}\nrollout log-prob ${record.logprob[i]}\ntrainer log-prob ${at(record.trainer_logprob, i)}\nentropy ${at(record.entropy, i)}\nadvantage ${at(record.advantage, i)}`;
     return el("span", {
       class: env ? "tok env" : "tok",
       title,
-      "data-advantage": record.advantage[i],
+      "data-advantage": at(record.advantage, i),
       "data-index": i,
       style: env ? "" : `background:${colour(values[i], scale, m.diverging)}`,
     }, tokenText(t));
   });
-  const meanAdv = record.advantage.filter((_, i) => record.mask[i]);
+  const meanAdv = (record.advantage || []).filter((_, i) => record.mask[i]);
   return el("div", { class: "panel sample", "data-group": record.group_id, "data-global-step": record.global_step, "data-run-index": record.run_index },
     el("div", { class: "row muted" },
       el("strong", {}, `step ${record.stage}/${record.step}`), el("span", {}, `global ${record.global_step}`),
       el("span", {}, `group ${record.group_id}`), el("span", {}, `sample ${record.run_index}`),
       record.turn ? el("span", {}, `turn ${record.turn}`) : null,
-      el("span", { class: "reward" }, `reward ${record.reward}`),
-      el("span", {}, `mean advantage ${(meanAdv.reduce((a, b) => a + b, 0) / Math.max(1, meanAdv.length)).toFixed(3)}`),
+      el("span", { class: "reward" }, `reward ${record.reward ?? "pending"}`),
+      record.advantage ? el("span", {}, `mean advantage ${(meanAdv.reduce((a, b) => a + b, 0) / Math.max(1, meanAdv.length)).toFixed(3)}`) : null,
       el("span", {}, `weights v${record.model_version}`), el("span", {}, `task ${record.task_id}`)),
     el("div", { class: "tokens" }, prompt, el("span", { class: "sep" }, "│"), response));
 }
@@ -54,6 +56,7 @@ function sample(record, measure) {
 export async function trajectoriesPage(page) {
   const id = query().get("id");
   const controls = {
+    source: el("select", { id: "traj-source" }, el("option", { value: "recorded" }, "recorded samples"), el("option", { value: "buffer" }, "SQL buffer (newest)")),
     step: el("select", { id: "traj-step" }),
     sort: el("select", { id: "traj-sort" }, ["step", "reward", "length", "advantage"].map((s) => el("option", { value: s }, s))),
     order: el("select", { id: "traj-order" }, el("option", { value: "false" }, "ascending"), el("option", { value: "true" }, "descending")),
@@ -63,25 +66,26 @@ export async function trajectoriesPage(page) {
   const count = el("span", { class: "muted" });
   page.append(
     el("div", { class: "panel row" }, el("a", { href: `#/run?id=${encodeURIComponent(id)}` }, id),
-      "step", controls.step, "sort by", controls.sort, controls.order, "colour by", controls.measure, count),
+      controls.source, "step", controls.step, "sort by", controls.sort, controls.order, "colour by", controls.measure, count),
     el("div", { class: "muted legend" }, "prompt tokens grey; environment tokens hatched (not trained); hover a token for its numbers; ↵ newline, · space"),
     list);
   let records = [];
   async function load() {
-    const params = new URLSearchParams({ id, sort: controls.sort.value, descending: controls.order.value, limit: "100" });
+    const params = new URLSearchParams({ id, source: controls.source.value, sort: controls.sort.value, descending: controls.order.value, limit: "100" });
     if (controls.step.value) params.set("step", controls.step.value);
     const answer = await api(`/api/run/trajectories?${params}`);
     if (!controls.step.options.length) {
       controls.step.append(el("option", { value: "" }, "every step"), ...answer.steps.map((s) => el("option", { value: s.global_step }, `${s.stage} ${s.step} (global ${s.global_step})`)));
     }
     records = answer.records;
-    count.textContent = `${answer.total} recorded sample(s)${answer.total > records.length ? `, first ${records.length} shown` : ""}`;
+    count.textContent = `${answer.total} ${controls.source.value === "buffer" ? "buffer experience(s)" : "recorded sample(s)"}${answer.total > records.length ? `, first ${records.length} shown` : ""}`;
     draw();
   }
   function draw() {
     list.replaceChildren(...(records.length ? records.map((r) => sample(r, controls.measure.value)) : [el("div", { class: "muted" }, "no recorded samples: the run records every monitor.trajectories.every steps of its RL stages")]));
   }
   for (const c of [controls.step, controls.sort, controls.order]) c.addEventListener("change", load);
+  controls.source.addEventListener("change", () => { controls.step.replaceChildren(); controls.step.value = ""; load(); });
   controls.measure.addEventListener("change", draw);
   await load();
   return null;

@@ -1,0 +1,166 @@
+"""A run's SQL buffer in Studio: its experiences as trajectory records (decoupled runs, whose trainer may run
+in another process or not record ``trajectories.jsonl``), and the serve mode's pending calls to reward.
+
+The buffer is the SQLite file a stage's ``buffer.storage`` names (``buffer.sqlite`` in the run folder by
+default), read from the run's ``resolved_config*.yaml``; it must lie under Studio's root like every other
+path Studio opens (a PostgreSQL buffer is not shown: Studio reads files only). Rows are listed with
+``SqlStorage.peek``: nothing is claimed or changed, so a running trainer is not disturbed. Token texts come
+from the run's tokenizer (the run folder's ``base_model`` for a tiny model, else the config's
+``model.path``).
+
+A reward sent from Studio goes through the serve mode's own feedback handler (``serve_mode.feedback_route``)
+on the same buffer: the same checks (range, unknown call, a reward attached once), the same row updates,
+whether or not the serve process is still running.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from trivium.studio.files import Guard, OutsideError
+
+__all__ = ["buffer_records", "pending_calls", "send_feedback"]
+
+_tokenizers: dict[str, Any] = {}
+_lock = threading.Lock()
+
+
+def _stage_configs(run_dir: Path) -> list[dict[str, Any]]:
+    from trivium.config.safe_yaml import load_yaml
+
+    out = []
+    for path in sorted(run_dir.glob("resolved_config*.yaml")):
+        data = load_yaml(path)
+        if isinstance(data, dict):
+            out += [c for c in data.values() if isinstance(c, dict)]
+    return out
+
+
+def _buffer_file(guard: Guard, run_id: str) -> Path:
+    run_dir = guard.run_dir(run_id)
+    for cfg in _stage_configs(run_dir):
+        storage = (cfg.get("buffer") or {}).get("storage")
+        if not isinstance(storage, dict) or storage.get("backend", "sql") != "sql":
+            continue
+        url = str(storage.get("url") or "")
+        if "://" in url and not url.startswith("sqlite:///"):
+            raise OutsideError(
+                f"run {run_id}'s buffer is a database server ({url.split('://')[0]}): Studio reads files"
+            )
+        path = Path(url.removeprefix("sqlite:///")) if url else run_dir / "buffer.sqlite"
+        path = guard.inside(path if path.is_absolute() else run_dir / path, "runs")
+        if path.exists():
+            return path
+    default = run_dir / "buffer.sqlite"
+    if default.exists():
+        return default
+    raise FileNotFoundError(f"run {run_id} has no SQL buffer file (buffer.storage) under {run_dir}")
+
+
+def _tokenizer(guard: Guard, run_id: str):
+    from trivium.models.loading import load_tokenizer
+
+    run_dir = guard.run_dir(run_id)
+    candidates = [run_dir / "base_model"]
+    candidates += [Path(str((c.get("model") or {}).get("path") or "")) for c in _stage_configs(run_dir)]
+    for path in candidates:
+        if str(path) not in ("", ".") and (path / "tokenizer_config.json").exists():
+            with _lock:
+                if str(path) not in _tokenizers:
+                    _tokenizers[str(path)] = load_tokenizer(path)
+                return _tokenizers[str(path)]
+    raise FileNotFoundError(f"run {run_id}: no tokenizer found (base_model in the run folder, or model.path)")
+
+
+def _storage(guard: Guard, run_id: str):
+    from trivium.buffer.storage_sql import SqlStorage
+
+    return SqlStorage(_buffer_file(guard, run_id))
+
+
+def buffer_records(guard: Guard, run_id: str, status: str | None = None, limit: int = 200) -> list[dict]:
+    """The newest ``limit`` experiences of the run's buffer (``status``: pending, ready, claimed, consumed, or
+    any) as trajectory records; the trainer-side numbers (trainer log-prob, entropy, advantage) are None."""
+    tokenizer = _tokenizer(guard, run_id)
+    with _storage(guard, run_id) as storage:
+        experiences = storage.peek(status, limit=limit)
+    out = []
+    for e in experiences:
+        tokens, p = e.tokens.tolist(), e.prompt_length
+        out.append(
+            {
+                "source": "buffer",
+                "stage": "buffer",
+                "step": e.explore_step,
+                "global_step": e.explore_step,
+                "task_id": e.task_id,
+                "group_id": e.group_id,
+                "run_index": e.run_index,
+                "turn": e.turn,
+                "reward": None if e.reward != e.reward else float(e.reward),  # NaN: a pending call
+                "model_version": e.model_version,
+                "explore_step": e.explore_step,
+                "prompt_ids": tokens[:p],
+                "prompt_text": [tokenizer.decode([t]) for t in tokens[:p]],
+                "response_ids": tokens[p:],
+                "response_text": [tokenizer.decode([t]) for t in tokens[p:]],
+                "mask": e.action_mask.tolist(),
+                "logprob": [round(x, 5) for x in e.logprobs.float().tolist()],
+                "trainer_logprob": None,
+                "entropy": None,
+                "advantage": None,
+                "info": {k: e.info[k] for k in ("texts", "choice", "call_ids", "response") if k in e.info},
+            }
+        )
+    return out
+
+
+def pending_calls(guard: Guard, run_id: str, limit: int = 200) -> dict[str, Any]:
+    """The serve mode's calls still waiting for a reward, newest first: the prompt and each choice's text."""
+    tokenizer = _tokenizer(guard, run_id)
+    with _storage(guard, run_id) as storage:
+        experiences = storage.peek("pending", limit=limit)
+        waiting = storage.count("pending")
+    calls: dict[str, dict[str, Any]] = {}
+    for e in experiences:
+        call = calls.setdefault(
+            e.task_id,
+            {
+                "id": e.task_id,
+                "prompt": tokenizer.decode(e.tokens[: e.prompt_length].tolist()),
+                "model_version": e.model_version,
+                "answers": [],
+            },
+        )
+        text = (e.info.get("texts") or [""])[-1]
+        call["answers"].append({"choice": int(e.info.get("choice", e.run_index)), "text": text})
+    for call in calls.values():
+        call["answers"].sort(key=lambda a: a["choice"])
+    return {"pending": waiting, "calls": list(calls.values())}
+
+
+def _reward_range(guard: Guard, run_id: str) -> tuple[float, float]:
+    for cfg in _stage_configs(guard.run_dir(run_id)):
+        serve = cfg.get("serve")
+        if isinstance(serve, dict):
+            return float(serve.get("reward_min", -1e6)), float(serve.get("reward_max", 1e6))
+    return -1e6, 1e6
+
+
+def send_feedback(
+    guard: Guard,
+    run_id: str,
+    call_id: str,
+    reward: float,
+    choice: int | None = None,
+    info: dict | None = None,
+) -> dict[str, Any]:
+    """A reward for a served call, through the serve mode's feedback handler (its checks and answers)."""
+    from trivium.serve.serve_mode import FeedbackRequest, feedback_route
+
+    body = FeedbackRequest(id=call_id, reward=reward, choice=choice, info={"by": "studio", **(info or {})})
+    with _storage(guard, run_id) as storage:
+        _, handler, _ = feedback_route(storage, *_reward_range(guard, run_id))
+        return handler(body)

@@ -1,0 +1,91 @@
+"""Studio over a run's SQL buffer: a real serve process (`trivium run --set mode=serve`) under Studio's root
+records calls as pending experiences; Studio lists them with the prompt and every choice, shows the buffer's
+experiences token by token, and sends rewards through the serve mode's feedback path (its checks and
+answers), which makes them trainable, exactly as POST /feedback does."""
+
+import json
+import subprocess
+import sys
+import time
+
+import openai
+import pytest
+import yaml
+
+from trivium.buffer.storage_sql import SqlStorage
+
+QUESTION = [{"role": "user", "content": "Tom has 12 apples and gets 3 more. How many apples now?"}]
+
+
+@pytest.mark.integration
+def test_serve_calls_are_annotated_through_the_feedback_path(studio, tiny_model_dir, tmp_path):
+    cfg = {
+        "project": "serve",
+        "name": "live",
+        "mode": "serve",
+        "checkpoint_root": str(studio.root),
+        "model": {"path": str(tiny_model_dir)},
+        "explorer": {"rollout": {"max_tokens": 6}},
+        "monitor": {"progress_bar": False},
+        "synchronizer": {"method": "checkpoint"},
+        "buffer": {"storage": {}},  # buffer.sqlite in the run folder
+        "serve": {"reward_min": -1.0, "reward_max": 1.0},
+    }
+    (tmp_path / "serve.yaml").write_text(yaml.safe_dump(cfg))
+    run_dir = studio.root / "serve" / "live"
+    log = tmp_path / "serve.log"
+    with open(log, "w") as sink:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "trivium.cli", "run", "-c", str(tmp_path / "serve.yaml")],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 90
+        while not (run_dir / "serve.json").exists():
+            assert server.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+        info = json.loads((run_dir / "serve.json").read_text())
+        client = openai.OpenAI(base_url=info["base_url"], api_key="EMPTY", max_retries=0)
+        one, two = (client.chat.completions.create(model="live", messages=QUESTION, n=n) for n in (1, 2))
+
+        calls = studio.http.get("/api/annotate/calls", params={"id": "serve/live"}).json()
+        assert calls["pending"] == 3 and [c["id"] for c in calls["calls"]] == [two.id, one.id]  # newest first
+        shown = calls["calls"][0]
+        assert "12 apples" in shown["prompt"]
+        assert [a["text"] for a in shown["answers"]] == [c.message.content for c in two.choices]
+
+        # the buffer's experiences token by token: rollout log-probs, no trainer numbers, reward pending
+        answer = studio.http.get(
+            "/api/run/trajectories", params={"id": "serve/live", "source": "buffer"}
+        ).json()
+        assert answer["total"] == 3 and {r["task_id"] for r in answer["records"]} == {one.id, two.id}
+        record = next(r for r in answer["records"] if r["task_id"] == one.id)
+        assert "".join(record["response_text"]) == one.choices[0].message.content
+        assert record["reward"] is None and record["advantage"] is None and len(record["logprob"]) > 0
+
+        def feedback(**body):
+            return studio.http.post("/api/annotate/feedback", json={"id": "serve/live", **body})
+
+        assert feedback(call=one.id, reward=1.0).json()["ready"] == 1
+        assert feedback(call=two.id, reward=1.0, choice=1).json()["ready"] == 1
+        assert feedback(call=two.id, reward=0.0, choice=0).json()["ready"] == 1
+        # the serve mode's answers: a reward is attached once, the range holds, an unknown call is named
+        again = feedback(call=one.id, reward=0.5)
+        assert again.status_code == 409 and "already has a reward" in again.json()["error"]
+        out_of_range = feedback(call=one.id, reward=5.0)
+        assert out_of_range.status_code == 400 and "serve.reward_max" in out_of_range.json()["error"]
+        unknown = feedback(call="chatcmpl-nope", reward=1.0)
+        assert unknown.status_code == 404 and "chatcmpl-nope" in unknown.json()["error"]
+        outside = studio.http.get("/api/annotate/calls", params={"id": "../elsewhere"})
+        assert outside.status_code == 403
+
+        with SqlStorage(run_dir / "buffer.sqlite") as storage:
+            assert (storage.count("pending"), storage.count("ready")) == (0, 3)
+            rewarded = {(e.task_id, e.run_index): e for e in storage.peek("ready")}
+        assert rewarded[(two.id, 1)].reward == 1.0 and rewarded[(two.id, 0)].reward == 0.0
+        assert rewarded[(one.id, 0)].info["feedback"] == {"by": "studio"}
+        assert studio.http.get("/api/annotate/calls", params={"id": "serve/live"}).json()["calls"] == []
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
