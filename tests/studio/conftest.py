@@ -1,10 +1,14 @@
 """A real Studio server on 127.0.0.1 (uvicorn in a thread) over a runs root and a config folder holding the
 end-to-end tests' tiny task (tests/launch/conftest.py): SFT for a few steps, then GRPO."""
 
+import json
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -89,3 +93,41 @@ def wait_for(predicate, timeout=240, every=0.3, what="the condition"):
             return value
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(every)
+
+
+QUESTION = [{"role": "user", "content": "Tom has 12 apples and gets 3 more. How many apples now?"}]
+
+
+@contextmanager
+def serving_run(studio, model_dir, folder):
+    """A serve-mode run ``serve/live`` under Studio's root (a real `trivium run` process: calls recorded as
+    pending experiences in its buffer.sqlite, rewards in [-1, 1]); yields its serve.json, then stops it."""
+    cfg = {
+        "project": "serve",
+        "name": "live",
+        "mode": "serve",
+        "checkpoint_root": str(studio.root),
+        "model": {"path": str(model_dir)},
+        "explorer": {"rollout": {"max_tokens": 6}},
+        "monitor": {"progress_bar": False},
+        "synchronizer": {"method": "checkpoint"},
+        "buffer": {"storage": {}},  # buffer.sqlite in the run folder
+        "serve": {"reward_min": -1.0, "reward_max": 1.0},
+    }
+    (folder / "serve.yaml").write_text(yaml.safe_dump(cfg))
+    run_dir, log = studio.root / "serve" / "live", folder / "serve.log"
+    with open(log, "w") as sink:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "trivium.cli", "run", "-c", str(folder / "serve.yaml")],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 90
+        while not (run_dir / "serve.json").exists():
+            assert server.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+        yield json.loads((run_dir / "serve.json").read_text())
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

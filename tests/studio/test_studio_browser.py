@@ -177,3 +177,40 @@ def test_build_a_config_launch_it_and_watch_it_learn(studio, browser, tmp_path):
     assert page.locator('svg[data-key="train/loss"] polyline').count() == 2
     page.screenshot(path=str(out / "compare.png"), full_page=True)
     assert not errors, errors
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_reward_serve_calls_by_keyboard_and_view_the_buffer(studio, browser, tiny_model_dir, tmp_path):
+    """A serve-mode run's pending calls rewarded from the annotation page (g: good; 2: the second choice
+    good, the first bad), then the run's SQL buffer shown token by token on the Trajectories page."""
+    import openai
+    from tests.studio.conftest import QUESTION, serving_run
+
+    from trivium.buffer.storage_sql import SqlStorage
+
+    out = shots(tmp_path)
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    with serving_run(studio, tiny_model_dir, tmp_path) as info:
+        client = openai.OpenAI(base_url=info["base_url"], api_key="EMPTY", max_retries=0)
+        one, two = (client.chat.completions.create(model="live", messages=QUESTION, n=n) for n in (1, 2))
+        page.goto(f"{studio.url}/#/annotate?id=serve/live&source=calls")
+        page.wait_for_selector(f'#annotate [data-call="{two.id}"]')  # the newest first
+        assert page.locator("#annotate [data-answer]").count() == 2
+        page.screenshot(path=str(out / "annotate_calls.png"))
+        page.keyboard.press("2")
+        page.wait_for_selector(f'#annotate [data-call="{one.id}"]')
+        page.keyboard.press("g")
+        page.wait_for_selector("#annotate-done")
+        with SqlStorage(studio.root / "serve" / "live" / "buffer.sqlite") as storage:
+            rewards = {(e.task_id, e.run_index): e.reward for e in storage.peek("ready")}
+        assert rewards == {(two.id, 0): 0.0, (two.id, 1): 1.0, (one.id, 0): 1.0}
+
+        page.goto(f"{studio.url}/#/trajectories?id=serve/live")
+        page.select_option("#traj-source", "buffer")
+        page.wait_for_selector(".sample .tok")
+        assert page.locator(".sample").count() == 3
+        assert "rollout log-prob" in page.locator(".sample .tok:not(.prompt)").first.get_attribute("title")
+    assert not errors, errors

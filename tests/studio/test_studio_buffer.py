@@ -3,49 +3,16 @@ records calls as pending experiences; Studio lists them with the prompt and ever
 experiences token by token, and sends rewards through the serve mode's feedback path (its checks and
 answers), which makes them trainable, exactly as POST /feedback does."""
 
-import json
-import subprocess
-import sys
-import time
-
 import openai
 import pytest
-import yaml
+from tests.studio.conftest import QUESTION, serving_run
 
 from trivium.buffer.storage_sql import SqlStorage
-
-QUESTION = [{"role": "user", "content": "Tom has 12 apples and gets 3 more. How many apples now?"}]
 
 
 @pytest.mark.integration
 def test_serve_calls_are_annotated_through_the_feedback_path(studio, tiny_model_dir, tmp_path):
-    cfg = {
-        "project": "serve",
-        "name": "live",
-        "mode": "serve",
-        "checkpoint_root": str(studio.root),
-        "model": {"path": str(tiny_model_dir)},
-        "explorer": {"rollout": {"max_tokens": 6}},
-        "monitor": {"progress_bar": False},
-        "synchronizer": {"method": "checkpoint"},
-        "buffer": {"storage": {}},  # buffer.sqlite in the run folder
-        "serve": {"reward_min": -1.0, "reward_max": 1.0},
-    }
-    (tmp_path / "serve.yaml").write_text(yaml.safe_dump(cfg))
-    run_dir = studio.root / "serve" / "live"
-    log = tmp_path / "serve.log"
-    with open(log, "w") as sink:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "trivium.cli", "run", "-c", str(tmp_path / "serve.yaml")],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        deadline = time.monotonic() + 90
-        while not (run_dir / "serve.json").exists():
-            assert server.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.1)
-        info = json.loads((run_dir / "serve.json").read_text())
+    with serving_run(studio, tiny_model_dir, tmp_path) as info:
         client = openai.OpenAI(base_url=info["base_url"], api_key="EMPTY", max_retries=0)
         one, two = (client.chat.completions.create(model="live", messages=QUESTION, n=n) for n in (1, 2))
 
@@ -80,12 +47,9 @@ def test_serve_calls_are_annotated_through_the_feedback_path(studio, tiny_model_
         outside = studio.http.get("/api/annotate/calls", params={"id": "../elsewhere"})
         assert outside.status_code == 403
 
-        with SqlStorage(run_dir / "buffer.sqlite") as storage:
+        with SqlStorage(studio.root / "serve" / "live" / "buffer.sqlite") as storage:
             assert (storage.count("pending"), storage.count("ready")) == (0, 3)
             rewarded = {(e.task_id, e.run_index): e for e in storage.peek("ready")}
         assert rewarded[(two.id, 1)].reward == 1.0 and rewarded[(two.id, 0)].reward == 0.0
         assert rewarded[(one.id, 0)].info["feedback"] == {"by": "studio"}
         assert studio.http.get("/api/annotate/calls", params={"id": "serve/live"}).json()["calls"] == []
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
