@@ -3,6 +3,7 @@ hanging, from the same SFT checkpoint, same steps; greedy accuracy of both on th
 
     python benchmarks/faults.py                 # ~10 min on 2 cores once the SFT checkpoint exists
     python benchmarks/faults.py --seeds 0 1 2   # several seeds (run seed and fault seed), one pair each
+    python benchmarks/faults.py --seeds 4 5 --merge   # more seeds, kept with the recorded ones
 
 The SFT checkpoint is ``benchmarks/engines.py``'s ``quickstart_model`` (trained once into ``--work``,
 default ``benchmarks/workdir``, ~3 min, then reused). Both runs of a pair use the same config (16 tasks x 8
@@ -116,6 +117,11 @@ def main() -> int:
     ap.add_argument(
         "--threads", type=int, default=1, help="runtime.num_threads (1: fair on a shared machine)"
     )
+    ap.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the recorded rows of other seeds (run with the same settings) in the results files",
+    )
     args = ap.parse_args()
     sys.path.insert(0, str(REPO / "benchmarks"))
     from engines import quickstart_model
@@ -135,6 +141,15 @@ def main() -> int:
             print(json.dumps(row), flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
     recorded = {**vars(args), "work": os.path.relpath(args.work, REPO)}  # no machine paths in results
+    if args.merge and (RESULTS / "faults.json").exists():
+        old = json.loads((RESULTS / "faults.json").read_text())
+        settings = ("steps", "raise_rate", "hang_rate", "timeout", "retries", "threads")
+        differ = [k for k in settings if old["args"].get(k) != recorded[k]]
+        if differ:
+            print(f"--merge: the recorded results were run with other {differ}; not merged", file=sys.stderr)
+        else:
+            rows = [r for r in old["rows"] if r["seed"] not in args.seeds] + rows
+            recorded["seeds"] = sorted({r["seed"] for r in rows})
     (RESULTS / "faults.json").write_text(json.dumps({"args": recorded, "rows": rows}, indent=1))
     table = markdown(rows, args)
     (RESULTS / "faults.md").write_text(table)

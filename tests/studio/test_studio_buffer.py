@@ -3,6 +3,8 @@ records calls as pending experiences; Studio lists them with the prompt and ever
 experiences token by token, and sends rewards through the serve mode's feedback path (its checks and
 answers), which makes them trainable, exactly as POST /feedback does."""
 
+import json
+
 import openai
 import pytest
 from tests.studio.conftest import QUESTION, serving_run
@@ -53,3 +55,21 @@ def test_serve_calls_are_annotated_through_the_feedback_path(studio, tiny_model_
         assert rewarded[(two.id, 1)].reward == 1.0 and rewarded[(two.id, 0)].reward == 0.0
         assert rewarded[(one.id, 0)].info["feedback"] == {"by": "studio"}
         assert studio.http.get("/api/annotate/calls", params={"id": "serve/live"}).json()["calls"] == []
+
+        # a task set's prompts, sampled through the endpoint (2 answers each), become calls to annotate
+        rows = [{"question": f"Ann has {k} pears and eats one. How many pears now?"} for k in (5, 7, 9)]
+        (studio.configs / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        sent = studio.http.post(
+            "/api/annotate/sample",
+            json={"id": "serve/live", "taskset": "prompts.jsonl", "count": 2, "offset": 1},
+        ).json()
+        assert sent["sent"] == 2 and sent["next_offset"] == 3
+        calls = studio.http.get("/api/annotate/calls", params={"id": "serve/live"}).json()["calls"]
+        assert [c["id"] for c in calls] == sent["calls"][::-1] and all(len(c["answers"]) == 2 for c in calls)
+        assert "9 pears" in calls[0]["prompt"] and "7 pears" in calls[1]["prompt"]
+        bad_field = studio.http.post(
+            "/api/annotate/sample", json={"id": "serve/live", "taskset": "prompts.jsonl", "field": "prompt"}
+        )
+        assert bad_field.status_code == 409 and "field 'prompt'" in bad_field.json()["error"]
+        outside = studio.http.post("/api/annotate/sample", json={"id": "serve/live", "taskset": "../x.jsonl"})
+        assert outside.status_code == 403

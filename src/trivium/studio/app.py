@@ -56,6 +56,15 @@ class FeedbackRequest(BaseModel):
     choice: int | None = Field(None, ge=0)
 
 
+class SampleRequest(BaseModel):
+    id: str = Field(max_length=4096)  # the serve run
+    taskset: str = Field(max_length=4096)  # a file in a config folder
+    field: str = Field("question", max_length=255)
+    count: int = Field(8, ge=1, le=256)
+    n: int = Field(2, ge=1, le=16)
+    offset: int = Field(0, ge=0)
+
+
 class LaunchRequest(BaseModel):
     config: str = Field(max_length=4096)
     overrides: list[str] = Field(default_factory=list, max_length=64)
@@ -280,6 +289,16 @@ def create_app(root: str | Path, config_dirs: list[str | Path], token: str | Non
         from trivium.studio.buffer_view import send_feedback
 
         return send_feedback(guard, body.id, body.call, body.reward, body.choice)
+
+    @app.post("/api/annotate/sample")
+    def annotate_sample(body: SampleRequest) -> dict[str, Any]:
+        """A task set's prompts sent to a serve run's endpoint (n answers each): pending calls to annotate."""
+        from trivium.studio.buffer_view import sample_taskset
+
+        try:
+            return sample_taskset(guard, body.id, body.taskset, body.field, body.count, body.n, body.offset)
+        except ValueError as error:
+            raise run_control.Conflict(str(error)) from error
 
     @app.post("/api/runs/launch")
     def launch(body: LaunchRequest) -> dict[str, Any]:

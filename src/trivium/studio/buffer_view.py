@@ -8,6 +8,9 @@ path Studio opens (a PostgreSQL buffer is not shown: Studio reads files only). R
 from the run's tokenizer (the run folder's ``base_model`` for a tiny model, else the config's
 ``model.path``).
 
+Task-set prompts are annotated the same way: ``sample_taskset`` sends a task set's rows (a file in a config
+folder) to the serve run's endpoint, ``n`` answers each, so they become pending calls like any other traffic.
+
 A reward sent from Studio goes through the serve mode's own feedback handler (``serve_mode.feedback_route``)
 on the same buffer: the same checks (range, unknown call, a reward attached once), the same row updates,
 whether or not the serve process is still running.
@@ -21,7 +24,7 @@ from typing import Any
 
 from trivium.studio.files import Guard, OutsideError
 
-__all__ = ["buffer_records", "pending_calls", "send_feedback"]
+__all__ = ["buffer_records", "pending_calls", "sample_taskset", "send_feedback"]
 
 _tokenizers: dict[str, Any] = {}
 _lock = threading.Lock()
@@ -164,3 +167,62 @@ def send_feedback(
     with _storage(guard, run_id) as storage:
         _, handler, _ = feedback_route(storage, *_reward_range(guard, run_id))
         return handler(body)
+
+
+def sample_taskset(
+    guard: Guard,
+    run_id: str,
+    taskset: str,
+    field: str = "question",
+    count: int = 8,
+    n: int = 2,
+    offset: int = 0,
+) -> dict[str, Any]:
+    """Rows ``offset`` .. ``offset + count`` of ``taskset`` (a file in a config folder) sent to the serve run
+    ``run_id``'s endpoint as chat calls (``field`` as the user message, ``n`` answers each); the calls are
+    then pending in its buffer, to annotate. The API key is read from the variable its ``serve.api_key_env``
+    names, as any client would."""
+    import json
+    import os
+
+    import openai
+
+    from trivium.buffer.task_files import load_rows
+
+    run_dir = guard.run_dir(run_id)
+    info_file = run_dir / "serve.json"
+    if not info_file.exists():
+        raise FileNotFoundError(f"run {run_id} is not serving (no serve.json): start it with mode serve")
+    info = json.loads(info_file.read_text(encoding="utf-8"))
+    rows = load_rows(guard.inside(taskset, "configs"), taskset=Path(taskset).stem).rows[
+        offset : offset + count
+    ]
+    prompts = [r.get(field) for r in rows]
+    missing = [offset + i for i, p in enumerate(prompts) if not isinstance(p, str) or not p.strip()]
+    if missing or not prompts:
+        raise ValueError(
+            f"{taskset}: rows {missing[:5] or f'from {offset}'} have no text in field {field!r}; name the "
+            "field that holds the prompt"
+        )
+    key_env = next(
+        (c["serve"].get("api_key_env") for c in _stage_configs(run_dir) if isinstance(c.get("serve"), dict)),
+        None,
+    )
+    client = openai.OpenAI(
+        base_url=info["base_url"],
+        api_key=(os.environ.get(key_env) if key_env else None) or "none",
+        max_retries=0,
+    )
+    try:
+        ids = [
+            client.chat.completions.create(
+                model=info["model"], messages=[{"role": "user", "content": p}], n=n
+            ).id
+            for p in prompts
+        ]
+    except openai.APIError as error:
+        raise ValueError(
+            f"the serve endpoint of run {run_id} ({info['base_url']}) failed: {error}; is the serve process "
+            "still running (serve.json is left behind when it is killed)?"
+        ) from error
+    return {"sent": len(ids), "calls": ids, "next_offset": offset + len(ids)}

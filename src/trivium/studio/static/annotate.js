@@ -18,10 +18,32 @@ async function callsPage(page, id) {
   const bad = el("input", { id: "bad-reward", type: "number", step: "any", value: "0", size: 4 });
   const box = el("div", { id: "annotate" });
   const status = el("div", { class: "muted", id: "annotate-status" });
+  const sample = {
+    taskset: el("input", { id: "sample-taskset", placeholder: "task set file in a config folder", size: 32 }),
+    field: el("input", { id: "sample-field", value: "question", size: 10 }),
+    count: el("input", { id: "sample-count", type: "number", value: "8", min: "1", size: 4 }),
+    n: el("input", { id: "sample-n", type: "number", value: "2", min: "1", size: 3 }),
+  };
+  let offset = 0;
+  async function sendTaskset() {
+    try {
+      const done = await api("/api/annotate/sample", { json: { id, taskset: sample.taskset.value, field: sample.field.value,
+        count: Number(sample.count.value), n: Number(sample.n.value), offset } });
+      offset = done.next_offset;
+      flash(`${done.sent} prompt(s) sent to the endpoint`, true);
+      calls = (await api(`/api/annotate/calls?id=${encodeURIComponent(id)}`)).calls;
+      at = 0;
+      show();
+    } catch (error) {
+      flash(error.message);
+    }
+  }
   page.append(
     el("div", { class: "panel row" }, el("a", { href: `#/run?id=${encodeURIComponent(id)}` }, id), switcher(id, "calls"),
       "good", good, "bad", bad,
       el("span", { class: "muted" }, "keys: g good · b bad · 1-9 that choice good, the others bad · s skip")),
+    el("div", { class: "panel row" }, "sample a task set through the endpoint:", sample.taskset, "field", sample.field,
+      "prompts", sample.count, "answers each", sample.n, el("button", { id: "sample", onclick: sendTaskset }, "send")),
     status, box);
 
   function show() {
