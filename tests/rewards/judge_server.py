@@ -18,7 +18,8 @@ class Judge:
     (unparsable); yes/no for rubric criteria that are words the answer contains; for a ruler prompt, 1 / 0.5 /
     0 per answer with 'good' / 'ok' / neither, and no scores at all when an answer is 'vague'."""
 
-    def __init__(self, delay: float = 0.05):
+    def __init__(self, delay: float = 0.05, strict: bool = False):
+        self.strict = strict  # rubric: "yes" only for an answer that is exactly the criterion
         self.calls, self.in_flight, self.peak = [], 0, 0
         self.lock = threading.Lock()
         app = FastAPI()
@@ -43,8 +44,7 @@ class Judge:
 
         self.app = app
 
-    @staticmethod
-    def reply(prompt: str) -> str:
+    def reply(self, prompt: str) -> str:
         if "candidate answers" in prompt:  # ruler: every answer of the group scored in one reply
             answers = re.findall(r"Answer \d+:\n(.*)\n", prompt)
             if any("vague" in a for a in answers):
@@ -52,10 +52,10 @@ class Judge:
             return "\n".join(
                 f"{i}: {1.0 if 'good' in a else 0.5 if 'ok' in a else 0.0}" for i, a in enumerate(answers, 1)
             )
-        answer = re.search(r"Answer: (.*)", prompt).group(1)
+        answer = re.search(r"Answer: (.*?)\n(?:Does the answer|Reply with)", prompt, re.S).group(1)
         if "criterion: " in prompt:
             word = prompt.split("criterion: ")[1].split("\n")[0]
-            return "yes" if word in answer else "no"
+            return "yes" if (answer.strip() == word if self.strict else word in answer) else "no"
         return "hmm, hard to say" if "vague" in answer else f"Score: {int('good' in answer)}"
 
 
