@@ -246,20 +246,25 @@ class Registry(Generic[T]):
         return iter(self.names())
 
     def check_args(self, name: str, args: Mapping[str, Any]) -> None:
-        """Raise ``TypeError`` naming unknown keys of ``args`` (the parameters after the ``inputs``).
+        """Raise ``TypeError`` naming unknown keys of ``args`` (the parameters after the ``inputs``), then
+        run the part's own value checks: a callable ``check_args(args)`` attribute that raises ``ValueError``
+        (a judge's URL, a regex that does not compile).
 
         Called before training starts so that a typo in a config fails with the list of valid keys, not
         with Python's "unexpected keyword argument" deep inside a step.
         """
-        params = list(inspect.signature(self.get(name)).parameters.values())[self.inputs :]
-        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-            return
-        valid = sorted(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
-        unknown = sorted(set(args) - set(valid))
-        if unknown:
-            raise TypeError(
-                f"{self.seam} {name!r} got unknown args {unknown}; valid args: {', '.join(valid) or 'none'}"
-            )
+        part = self.get(name)
+        params = list(inspect.signature(part).parameters.values())[self.inputs :]
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            valid = sorted(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+            unknown = sorted(set(args) - set(valid))
+            if unknown:
+                raise TypeError(
+                    f"{self.seam} {name!r} got unknown args {unknown}; valid args: {', '.join(valid) or 'none'}"
+                )
+        check = getattr(part, "check_args", None)
+        if callable(check):
+            check(args)
 
     @contextmanager
     def snapshot(self) -> Iterator[Registry[T]]:

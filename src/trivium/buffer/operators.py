@@ -59,13 +59,10 @@ class ExperiencePipeline:
             params = inspect.signature(fn).parameters
             if "max_tokens" in params and "max_tokens" not in args and max_tokens is not None:
                 args["max_tokens"] = max_tokens
-            try:
+            try:  # unknown keys, and the operator's own value checks (ruler: the judge's URL)
                 EXPERIENCE_OPS.check_args(name, args)
-            except TypeError as exc:
-                raise TypeError(f"buffer.experience_ops[{i}]: {exc}") from None
-            check = getattr(fn, "check_args", None)  # an operator's own value checks (ruler: the judge URL)
-            if callable(check):
-                check(args)
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"buffer.experience_ops[{i}]: {exc}") from None
             label = name.rpartition(":")[2].rpartition(".")[2]
             label = label if label not in labels else f"{label}_{i}"
             labels.append(label)

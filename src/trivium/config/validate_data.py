@@ -54,17 +54,14 @@ def check_data_pipeline(cfg: TriviumConfig, at) -> list[Problem]:
         if problem:
             out.append(Problem(at(f"buffer.experience_ops[{i}].name"), op.name, problem.rule, problem.fix))
         else:
-            fn = EXPERIENCE_OPS.get(op.name)
-            unknown = _unknown_args(at(f"buffer.experience_ops[{i}].args"), fn, op.args, 1)
+            field = at(f"buffer.experience_ops[{i}].args")
+            unknown = _unknown_args(field, EXPERIENCE_OPS.get(op.name), op.args, 1)
             out += unknown
-            check = getattr(fn, "check_args", None)
-            if callable(check) and not unknown:
-                try:
-                    check(op.args)
+            if not unknown:
+                try:  # the operator's own value checks
+                    EXPERIENCE_OPS.check_args(op.name, op.args)
                 except ValueError as exc:
-                    out.append(
-                        Problem(at(f"buffer.experience_ops[{i}].args"), op.args, str(exc), "fix the value")
-                    )
+                    out.append(Problem(field, op.args, str(exc), "fix the value"))
     sections = [("buffer.taskset", b.taskset)] + [
         (f"buffer.tasksets[{i}]", ts) for i, ts in enumerate(b.tasksets)
     ]

@@ -28,7 +28,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TRAJECTORIES_FILE", "TrajectoryRecorder", "read_trajectories"]
+__all__ = ["TRAJECTORIES_FILE", "TrajectoryRecorder", "read_trajectories", "token_record"]
 
 TRAJECTORIES_FILE = "trajectories.jsonl"
 
@@ -96,9 +96,7 @@ class TrajectoryRecorder:
         return sorted(i for g in picked for i in groups[g][:per_group])[: self.per_step]
 
     def _line(self, step, e, span, sub_row, row, trainer_lp, entropy, advantages) -> dict[str, Any]:
-        p = e.prompt_length
-        resp = span[p:]
-        tokens = e.tokens.tolist()
+        resp = span[e.prompt_length :]
         mask = e.action_mask.bool()
 
         def values(t: torch.Tensor, row_index: int) -> list[float]:
@@ -109,25 +107,34 @@ class TrajectoryRecorder:
             "stage": self.stage,
             "step": step,
             "global_step": self.global_offset + step,
-            "task_id": e.task_id,
-            "group_id": e.group_id,
-            "run_index": e.run_index,
-            "turn": e.turn,
-            "reward": float(e.reward),
-            "model_version": e.model_version,
-            "explore_step": e.explore_step,
+            **token_record(e, self.tokenizer),
             "messages": e.info.get("messages"),  # the chat of a single-turn sample (annotation's prompt)
             "response": e.info.get("response"),
-            "prompt_ids": tokens[:p],
-            "prompt_text": [self.tokenizer.decode([t]) for t in tokens[:p]],
-            "response_ids": tokens[p:],
-            "response_text": [self.tokenizer.decode([t]) for t in tokens[p:]],
-            "mask": mask.tolist(),
-            "logprob": [round(x, 5) for x in e.logprobs.float().tolist()],
             "trainer_logprob": values(trainer_lp, sub_row),
             "entropy": values(entropy, sub_row),
             "advantage": values(advantages, row),
         }
+
+
+def token_record(e, tokenizer) -> dict[str, Any]:
+    """What a trajectory record holds of the experience itself: ids, reward and version, every prompt and
+    response token (id and text), the action mask and the rollout engine's log-probs."""
+    tokens, p = e.tokens.tolist(), e.prompt_length
+    return {
+        "task_id": e.task_id,
+        "group_id": e.group_id,
+        "run_index": e.run_index,
+        "turn": e.turn,
+        "reward": float(e.reward),
+        "model_version": e.model_version,
+        "explore_step": e.explore_step,
+        "prompt_ids": tokens[:p],
+        "prompt_text": [tokenizer.decode([t]) for t in tokens[:p]],
+        "response_ids": tokens[p:],
+        "response_text": [tokenizer.decode([t]) for t in tokens[p:]],
+        "mask": e.action_mask.bool().tolist(),
+        "logprob": [round(x, 5) for x in e.logprobs.float().tolist()],
+    }
 
 
 def _row_of(batch, i: int) -> int:

@@ -117,16 +117,11 @@ def ruler(
     temperature: float = 0.0,
     max_tokens: int = 256,
 ) -> tuple[Groups, dict[str, float]]:
-    """Each group's rewards from one judge call ranking its answers (the module's docstring)."""
-    _check(
-        {"url": url, "model_path": model_path, "max_concurrency": max_concurrency, "retries": retries,
-         "max_tokens": max_tokens}
-    )  # fmt: skip
+    """Each group's rewards from one judge call ranking its answers (the module's docstring). Its args are
+    checked once, by the pipeline that runs it (``_check``)."""
     a = judge_settings(locals())
 
-    def judge(group: list[Experience]) -> tuple[list[float] | None, str]:
-        if len(group) < 2:
-            return None, "single"  # nothing to compare against: the workflow's reward stays
+    def judge(group: list[Experience]) -> tuple[str, list[float] | None]:
         try:
             scores, _ = judged(
                 _prompt(group, prompt), a, lambda r: parse_ranking(r, len(group), scale), "rank"
@@ -135,21 +130,24 @@ def ruler(
             log.warning(
                 "ruler: the judge call for task %r failed (%s); its rewards stay", group[0].task_id, exc
             )
-            return None, "failed"
-        return scores, "ok" if scores is not None else "unparsable"
+            return "failed", None
+        return ("judged" if scores is not None else "unparsable"), scores
 
-    with ThreadPoolExecutor(max_workers=max(1, min(max_concurrency, len(groups)))) as pool:
-        verdicts = list(pool.map(judge, groups))
+    ranked = [g for g in groups if len(g) > 1]  # a group of one has nothing to be ranked against
+    with ThreadPoolExecutor(max_workers=max(1, min(max_concurrency, len(ranked)))) as pool:
+        verdicts = dict(zip(map(id, ranked), pool.map(judge, ranked), strict=True))
+    counts = dict.fromkeys(("judged_groups", "unparsable_groups", "failed_groups"), 0.0)
     out: Groups = []
-    counts = {"judged_groups": 0.0, "unparsable_groups": 0.0, "failed_groups": 0.0}
-    for group, (scores, how) in zip(groups, verdicts, strict=True):
+    for group in groups:
+        how, scores = verdicts.get(id(group), (None, None))
+        if how is not None:
+            counts[f"{how}_groups"] += 1
         if scores is None:
-            if how != "single":
-                counts[f"{how}_groups"] += 1
             out.append(group)
-            continue
-        counts["judged_groups"] += 1
-        out.append([e.replace(reward=weight * s + (e.reward if add else 0.0)) for e, s in zip(group, scores)])
+        else:
+            out.append(
+                [e.replace(reward=weight * s + (e.reward if add else 0.0)) for e, s in zip(group, scores)]
+            )
     return out, counts
 
 

@@ -18,7 +18,9 @@ whether or not the serve process is still running.
 
 from __future__ import annotations
 
+import math
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,100 +32,101 @@ _tokenizers: dict[str, Any] = {}
 _lock = threading.Lock()
 
 
-def _stage_configs(run_dir: Path) -> list[dict[str, Any]]:
-    from trivium.config.safe_yaml import load_yaml
+@dataclass(frozen=True)
+class _Run:
+    """A run folder and its stages' resolved configs, read once per request."""
 
-    out = []
-    for path in sorted(run_dir.glob("resolved_config*.yaml")):
-        data = load_yaml(path)
-        if isinstance(data, dict):
-            out += [c for c in data.values() if isinstance(c, dict)]
-    return out
+    id: str
+    dir: Path
+    configs: tuple[dict[str, Any], ...]
 
+    @classmethod
+    def of(cls, guard: Guard, run_id: str) -> _Run:
+        from trivium.config.safe_yaml import load_yaml
 
-def _buffer_file(guard: Guard, run_id: str) -> Path:
-    run_dir = guard.run_dir(run_id)
-    for cfg in _stage_configs(run_dir):
-        storage = (cfg.get("buffer") or {}).get("storage")
-        if not isinstance(storage, dict) or storage.get("backend", "sql") != "sql":
-            continue
-        url = str(storage.get("url") or "")
-        if "://" in url and not url.startswith("sqlite:///"):
-            raise OutsideError(
-                f"run {run_id}'s buffer is a database server ({url.split('://')[0]}): Studio reads files"
-            )
-        path = Path(url.removeprefix("sqlite:///")) if url else run_dir / "buffer.sqlite"
-        path = guard.inside(path if path.is_absolute() else run_dir / path, "runs")
-        if path.exists():
-            return path
-    default = run_dir / "buffer.sqlite"
-    if default.exists():
-        return default
-    raise FileNotFoundError(f"run {run_id} has no SQL buffer file (buffer.storage) under {run_dir}")
+        run_dir = guard.run_dir(run_id)
+        configs: list[dict[str, Any]] = []
+        for path in sorted(run_dir.glob("resolved_config*.yaml")):
+            data = load_yaml(path)
+            if isinstance(data, dict):
+                configs += [c for c in data.values() if isinstance(c, dict)]
+        return cls(run_id, run_dir, tuple(configs))
 
+    def serve(self) -> dict[str, Any]:
+        """The ``serve`` section of its serve-mode stage ({} when none)."""
+        return next((c["serve"] for c in self.configs if isinstance(c.get("serve"), dict)), {})
 
-def _tokenizer(guard: Guard, run_id: str):
-    from trivium.models.loading import load_tokenizer
+    def buffer_file(self, guard: Guard) -> Path:
+        for cfg in self.configs:
+            storage = (cfg.get("buffer") or {}).get("storage")
+            if not isinstance(storage, dict) or storage.get("backend", "sql") != "sql":
+                continue
+            url = str(storage.get("url") or "")
+            if "://" in url and not url.startswith("sqlite:///"):
+                raise OutsideError(
+                    f"run {self.id}'s buffer is a database server ({url.split('://')[0]}): Studio reads files"
+                )
+            path = Path(url.removeprefix("sqlite:///")) if url else self.dir / "buffer.sqlite"
+            path = guard.inside(path if path.is_absolute() else self.dir / path, "runs")
+            if path.exists():
+                return path
+        default = self.dir / "buffer.sqlite"
+        if default.exists():
+            return default
+        raise FileNotFoundError(f"run {self.id} has no SQL buffer file (buffer.storage) under {self.dir}")
 
-    run_dir = guard.run_dir(run_id)
-    candidates = [run_dir / "base_model"]
-    candidates += [Path(str((c.get("model") or {}).get("path") or "")) for c in _stage_configs(run_dir)]
-    for path in candidates:
-        if str(path) not in ("", ".") and (path / "tokenizer_config.json").exists():
-            with _lock:
-                if str(path) not in _tokenizers:
-                    _tokenizers[str(path)] = load_tokenizer(path)
-                return _tokenizers[str(path)]
-    raise FileNotFoundError(f"run {run_id}: no tokenizer found (base_model in the run folder, or model.path)")
+    def storage(self, guard: Guard):
+        from trivium.buffer.storage_sql import SqlStorage
 
+        return SqlStorage(self.buffer_file(guard))
 
-def _storage(guard: Guard, run_id: str):
-    from trivium.buffer.storage_sql import SqlStorage
+    def tokenizer(self):
+        from trivium.models.loading import load_tokenizer
 
-    return SqlStorage(_buffer_file(guard, run_id))
+        candidates = [self.dir / "base_model"]
+        candidates += [Path(str((c.get("model") or {}).get("path") or "")) for c in self.configs]
+        for path in candidates:
+            if str(path) not in ("", ".") and (path / "tokenizer_config.json").exists():
+                with _lock:
+                    if str(path) not in _tokenizers:
+                        _tokenizers[str(path)] = load_tokenizer(path)
+                    return _tokenizers[str(path)]
+        raise FileNotFoundError(
+            f"run {self.id}: no tokenizer found (base_model in the run folder, or model.path)"
+        )
 
 
 def buffer_records(guard: Guard, run_id: str, status: str | None = None, limit: int = 200) -> list[dict]:
     """The newest ``limit`` experiences of the run's buffer (``status``: pending, ready, claimed, consumed, or
     any) as trajectory records; the trainer-side numbers (trainer log-prob, entropy, advantage) are None."""
-    tokenizer = _tokenizer(guard, run_id)
-    with _storage(guard, run_id) as storage:
+    from trivium.monitor.trajectories import token_record
+
+    run = _Run.of(guard, run_id)
+    tokenizer = run.tokenizer()
+    with run.storage(guard) as storage:
         experiences = storage.peek(status, limit=limit)
-    out = []
-    for e in experiences:
-        tokens, p = e.tokens.tolist(), e.prompt_length
-        out.append(
-            {
-                "source": "buffer",
-                "stage": "buffer",
-                "step": e.explore_step,
-                "global_step": e.explore_step,
-                "task_id": e.task_id,
-                "group_id": e.group_id,
-                "run_index": e.run_index,
-                "turn": e.turn,
-                "reward": None if e.reward != e.reward else float(e.reward),  # NaN: a pending call
-                "model_version": e.model_version,
-                "explore_step": e.explore_step,
-                "prompt_ids": tokens[:p],
-                "prompt_text": [tokenizer.decode([t]) for t in tokens[:p]],
-                "response_ids": tokens[p:],
-                "response_text": [tokenizer.decode([t]) for t in tokens[p:]],
-                "mask": e.action_mask.tolist(),
-                "logprob": [round(x, 5) for x in e.logprobs.float().tolist()],
-                "trainer_logprob": None,
-                "entropy": None,
-                "advantage": None,
-                "info": {k: e.info[k] for k in ("texts", "choice", "call_ids", "response") if k in e.info},
-            }
-        )
-    return out
+    return [
+        {
+            **token_record(e, tokenizer),
+            "source": "buffer",
+            "stage": "buffer",
+            "step": e.explore_step,
+            "global_step": e.explore_step,
+            "reward": None if math.isnan(e.reward) else float(e.reward),  # NaN: a call waiting for feedback
+            "trainer_logprob": None,
+            "entropy": None,
+            "advantage": None,
+            "info": {k: e.info[k] for k in ("texts", "choice", "call_ids", "response") if k in e.info},
+        }
+        for e in experiences
+    ]
 
 
 def pending_calls(guard: Guard, run_id: str, limit: int = 200) -> dict[str, Any]:
     """The serve mode's calls still waiting for a reward, newest first: the prompt and each choice's text."""
-    tokenizer = _tokenizer(guard, run_id)
-    with _storage(guard, run_id) as storage:
+    run = _Run.of(guard, run_id)
+    tokenizer = run.tokenizer()
+    with run.storage(guard) as storage:
         experiences = storage.peek("pending", limit=limit)
         waiting = storage.count("pending")
     calls: dict[str, dict[str, Any]] = {}
@@ -144,14 +147,6 @@ def pending_calls(guard: Guard, run_id: str, limit: int = 200) -> dict[str, Any]
     return {"pending": waiting, "calls": list(calls.values())}
 
 
-def _reward_range(guard: Guard, run_id: str) -> tuple[float, float]:
-    for cfg in _stage_configs(guard.run_dir(run_id)):
-        serve = cfg.get("serve")
-        if isinstance(serve, dict):
-            return float(serve.get("reward_min", -1e6)), float(serve.get("reward_max", 1e6))
-    return -1e6, 1e6
-
-
 def send_feedback(
     guard: Guard,
     run_id: str,
@@ -163,9 +158,12 @@ def send_feedback(
     """A reward for a served call, through the serve mode's feedback handler (its checks and answers)."""
     from trivium.serve.serve_mode import FeedbackRequest, feedback_route
 
+    run = _Run.of(guard, run_id)
+    serve = run.serve()
     body = FeedbackRequest(id=call_id, reward=reward, choice=choice, info={"by": "studio", **(info or {})})
-    with _storage(guard, run_id) as storage:
-        _, handler, _ = feedback_route(storage, *_reward_range(guard, run_id))
+    with run.storage(guard) as storage:
+        limits = {k: float(serve[k]) for k in ("reward_min", "reward_max") if k in serve}  # else its defaults
+        _, handler, _ = feedback_route(storage, **limits)
         return handler(body)
 
 
@@ -189,8 +187,8 @@ def sample_taskset(
 
     from trivium.buffer.task_files import load_rows
 
-    run_dir = guard.run_dir(run_id)
-    info_file = run_dir / "serve.json"
+    run = _Run.of(guard, run_id)
+    info_file = run.dir / "serve.json"
     if not info_file.exists():
         raise FileNotFoundError(f"run {run_id} is not serving (no serve.json): start it with mode serve")
     info = json.loads(info_file.read_text(encoding="utf-8"))
@@ -204,10 +202,7 @@ def sample_taskset(
             f"{taskset}: rows {missing[:5] or f'from {offset}'} have no text in field {field!r}; name the "
             "field that holds the prompt"
         )
-    key_env = next(
-        (c["serve"].get("api_key_env") for c in _stage_configs(run_dir) if isinstance(c.get("serve"), dict)),
-        None,
-    )
+    key_env = run.serve().get("api_key_env")
     client = openai.OpenAI(
         base_url=info["base_url"],
         api_key=(os.environ.get(key_env) if key_env else None) or "none",
