@@ -69,17 +69,24 @@ def quickstart_model(work: Path) -> Path:
     return done if (done / "model.safetensors").exists() else sft_checkpoint(work)
 
 
+def w25m_data(work: Path) -> Path:
+    """The 25M workload's data (explained word problems: train, sft, 64 test), written once into ``work``."""
+    from trivium.tasks.word_problems import write_word_problems
+
+    data = work / "w25m-data"
+    if not (data / "test.jsonl").exists():
+        write_word_problems(data, seed=0, n_train=2000, n_test=64, n_sft=4000, style="explained")
+    return data
+
+
 def w25m_model(work: Path) -> Path:
     """The 25M model: explained word problems, a tiny-recipe Qwen2 at 25M, 150 SFT steps of 16 (~7 min)."""
     import yaml
 
-    from trivium.tasks.word_problems import write_word_problems
-
-    data = work / "w25m-data"
     model = work / "bench" / "w25m-sft" / "checkpoints" / "main" / f"step_{W25M_SFT_STEPS}" / "model"
     if (model / "model.safetensors").exists():
         return model
-    write_word_problems(data, seed=0, n_train=2000, n_test=64, n_sft=4000, style="explained")
+    data = w25m_data(work)
     cfg = {
         "project": "bench",
         "name": "w25m-sft",

@@ -1,15 +1,26 @@
 """TRL's GRPOTrainer against ``trivium run`` on the same SFT checkpoint, data and settings, alternating.
 
-    pip install -e '.[bench]'          # TRL
-    python benchmarks/vs_trl.py --model runs/quickstart/word-problems/checkpoints/sft/step_800/model
-    python benchmarks/vs_trl.py --model DIR --steps 3 --eval-every 3 --n-eval 32     # a smoke test
+    pip install -e '.[bench]'                    # TRL
+    python benchmarks/vs_trl.py --repeats 2      # (a) the quickstart workload, 100 steps (~8 min a pair)
+    python benchmarks/vs_trl.py --workload w25m  # (b) the 25M model, ~100-token answers, 8 steps
+    python benchmarks/vs_trl.py --steps 3 --eval-every 3 --n-eval 32     # a smoke test
 
-The workload is the quickstart's GRPO stage: 16 prompts x 8 samples of its train set (in file order),
-<= 24 new tokens at T = 1, lr 2e-4 constant, PPO-clip with one update per batch, no KL, greedy accuracy
-on the test set every ``--eval-every`` steps (same reward function, ``math_verify``, same chat template).
-Each framework runs at its best CPU setting: TRL with ``bf16=True`` (``--trl-fp32`` turns it off), Trivium
-with what it chooses itself (``trainer.precision: auto``; ``--set KEY=VALUE`` adds overrides). Every run is
-its own process; ``--repeats`` alternating (TRL, Trivium) pairs. The first step of every run is dropped.
+Workloads (the SFT checkpoint is made once into ``--work``, default ``benchmarks/workdir``, gitignored, by
+the recipes of ``benchmarks/engines.py``; ``--model DIR`` starts from another one):
+
+- ``quickstart`` (a): the quickstart's GRPO stage from its SFT checkpoint (~1M parameters): 16 prompts x 8
+  samples of its train set (in file order), <= 24 new tokens, lr 2e-4, 100 steps, greedy accuracy on the
+  256 test problems every 10 steps.
+- ``w25m`` (b): the 25M Qwen2 (hidden 512, 8 layers) after 150 SFT steps on the ``explained`` word
+  problems, answers ~100 tokens: 8 prompts x 8 samples, <= 128 new tokens, lr 1e-4, 8 steps, greedy
+  accuracy on the 64 test problems every 4 steps.
+
+Both: T = 1, lr constant, PPO-clip with one update per batch, no KL, the same reward function
+(``math_verify``) and chat template. TRL trains the batch in one micro-batch with its defaults: bf16
+(``--trl-fp32`` turns it off) and gradient checkpointing (``--trl-no-checkpointing`` turns it off: faster,
+more memory). Trivium runs with what it chooses itself: ``trainer.precision: auto`` and micro-batches of
+its token budget (``trainer.max_tokens_per_micro_batch``); ``--set KEY=VALUE`` adds overrides. Every run
+is its own process; ``--repeats`` alternating (TRL, Trivium) pairs. The first step of every run is dropped.
 
 Columns: median s/step; generated tokens per second of the whole step; the split of a step between
 rollout (sampling and rewards), training and eval; peak RSS of the process; the greedy accuracy curve.
@@ -33,7 +44,43 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from grpo_overhead import DATA, QUICKSTART, _fix_paths  # noqa: E402
+from grpo_overhead import DATA, QUICKSTART  # noqa: E402
+
+# per workload: the defaults of the flags of the same names
+WORKLOADS = {
+    "quickstart": {
+        "prompts": 16,
+        "group": 8,
+        "max_tokens": 24,
+        "lr": 2e-4,
+        "steps": 100,
+        "eval_every": 10,
+        "n_eval": 256,
+    },
+    "w25m": {
+        "prompts": 8,
+        "group": 8,
+        "max_tokens": 128,
+        "lr": 1e-4,
+        "steps": 8,
+        "eval_every": 4,
+        "n_eval": 64,
+    },
+}
+
+
+def workload_inputs(workload: str, work: Path, model: str | None) -> tuple[Path, Path]:
+    """The workload's (SFT checkpoint, data folder with train.jsonl and test.jsonl); ``model`` None: the
+    workload's own checkpoint, trained once into ``work``."""
+    import engines
+
+    if workload == "quickstart":
+        data = DATA
+        default = engines.quickstart_model
+    else:
+        data = engines.w25m_data(work)
+        default = engines.w25m_model
+    return (Path(model).resolve() if model else default(work)), data
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -57,8 +104,8 @@ def run_trl_inline(args) -> None:
     tok.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     reward = get_reward_fn("math_verify")
-    train = _jsonl(DATA / "train.jsonl")[: args.steps * args.prompts]
-    test = _jsonl(DATA / "test.jsonl")[: args.n_eval]
+    train = _jsonl(args.data / "train.jsonl")[: args.steps * args.prompts]
+    test = _jsonl(args.data / "test.jsonl")[: args.n_eval]
 
     def chat(q: str) -> list[dict]:
         return [{"role": "user", "content": q}]
@@ -147,6 +194,7 @@ def run_trl_inline(args) -> None:
         use_vllm=False,
         use_cpu=True,
         bf16=not args.trl_fp32,
+        gradient_checkpointing=not args.trl_no_checkpointing,  # TRL's default: on (recomputes activations)
         logging_steps=1,
         save_strategy="no",
         report_to="none",
@@ -167,7 +215,8 @@ def run_trl_inline(args) -> None:
 
 
 def run_trl(args, work: Path) -> dict:
-    cmd = [sys.executable, __file__, "--side", "trl", "--model", str(args.model), *_shared_args(args)]
+    cmd = [sys.executable, __file__, "--side", "trl", "--model", str(args.model), "--data", str(args.data)]
+    cmd += _shared_args(args)
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=work).stdout
     rows = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
     steps = [r for r in rows if "step_s" in r]
@@ -192,18 +241,21 @@ def run_trivium(args, work: Path, tag: str) -> dict:
     )
     cfg["model"] = {"path": str(args.model)}
     grpo["buffer"].update(total_steps=args.steps, batch_size=args.prompts)
-    grpo["buffer"]["taskset"].update(shuffle=False, repeat_times=args.group)
-    grpo["trainer"]["lr"] = args.lr
+    grpo["buffer"]["taskset"].update(
+        shuffle=False, repeat_times=args.group, path=str(args.data / "train.jsonl")
+    )
+    grpo["trainer"].update(lr=args.lr, micro_batch_size=args.prompts * args.group)
     grpo.setdefault("explorer", {}).update(eval_interval=args.eval_every, eval_at_start=False)
     cfg["explorer"]["rollout"]["max_tokens"] = args.max_tokens
+    test = args.data / "test.jsonl"
+    if args.n_eval < len(_jsonl(test)):  # the first n_eval problems, as TRL's side evaluates
+        small = work / f"test_{args.n_eval}.jsonl"
+        small.write_text("".join(json.dumps(r) + "\n" for r in _jsonl(test)[: args.n_eval]))
+        test = small
+    cfg["buffer"]["eval_tasksets"] = [{"path": str(test), "name": "test"}]
     cfg["stages"] = [grpo]
     path = work / f"vs-trl-{tag}.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    _fix_paths(path)
-    if args.n_eval < 256:  # a smaller test set, for smoke tests
-        test = work / "test_small.jsonl"
-        test.write_text("".join(json.dumps(r) + "\n" for r in _jsonl(DATA / "test.jsonl")[: args.n_eval]))
-        path.write_text(path.read_text().replace(str(DATA / "test.jsonl"), str(test)))
     sets = [x for kv in args.overrides for x in ("--set", kv)]
     cmd = [sys.executable, "-m", "trivium.cli", "run", "-c", str(path), "--overwrite", *sets]
     subprocess.run(cmd, check=True, capture_output=True)
@@ -240,28 +292,40 @@ def _shared_args(args) -> list[str]:
     out = ["--steps", str(args.steps), "--eval-every", str(args.eval_every), "--n-eval", str(args.n_eval)]
     out += ["--prompts", str(args.prompts), "--group", str(args.group), "--lr", str(args.lr)]
     out += ["--max-tokens", str(args.max_tokens)] + (["--trl-fp32"] if args.trl_fp32 else [])
-    return out
+    return out + (["--trl-no-checkpointing"] if args.trl_no_checkpointing else [])
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True, help="the SFT checkpoint both start from")
-    ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--eval-every", type=int, default=10)
-    ap.add_argument("--n-eval", type=int, default=256, help="test problems evaluated (256: all)")
-    ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--group", type=int, default=8)
-    ap.add_argument("--lr", type=float, default=2e-4)
-    ap.add_argument("--max-tokens", type=int, default=24)
+    ap.add_argument("--workload", choices=list(WORKLOADS), default="quickstart")
+    ap.add_argument("--model", help="the SFT checkpoint both start from (default: the workload's, made once)")
+    ap.add_argument("--work", default=str(REPO / "benchmarks" / "workdir"), help="models and data (reused)")
+    ap.add_argument("--steps", type=int)
+    ap.add_argument("--eval-every", type=int)
+    ap.add_argument("--n-eval", type=int, help="test problems evaluated (default: all)")
+    ap.add_argument("--prompts", type=int)
+    ap.add_argument("--group", type=int)
+    ap.add_argument("--lr", type=float)
+    ap.add_argument("--max-tokens", type=int)
+    ap.add_argument("--data", help=argparse.SUPPRESS)  # TRL's side: the workload's data folder
     ap.add_argument("--repeats", type=int, default=1, help="alternating (TRL, Trivium) pairs")
     ap.add_argument("--trl-fp32", action="store_true", help="TRL without bf16 (its default here is bf16)")
+    ap.add_argument(
+        "--trl-no-checkpointing",
+        action="store_true",
+        help="TRL without gradient checkpointing (its default is on: less memory, ~30%% more training compute)",
+    )
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--side", choices=["trl"], help=argparse.SUPPRESS)
     args = ap.parse_args()
-    args.model = Path(args.model).resolve()
+    for key, value in WORKLOADS[args.workload].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     if args.side == "trl":
+        args.model, args.data = Path(args.model), Path(args.data)
         run_trl_inline(args)
         return 0
+    args.model, args.data = workload_inputs(args.workload, Path(args.work).resolve(), args.model)
     work = Path(tempfile.mkdtemp(prefix="trivium-vs-trl-"))
     trl_runs, tri_runs = [], []
     for r in range(args.repeats):
@@ -269,7 +333,16 @@ def main() -> int:
         tri_runs.append(run_trivium(args, work, str(r)))
         print(f"pair {r + 1} done", file=sys.stderr, flush=True)
     trl_name = "TRL GRPOTrainer" + (" fp32" if args.trl_fp32 else " bf16")
+    trl_name += (
+        ", no gradient checkpointing"
+        if args.trl_no_checkpointing
+        else " (gradient checkpointing: its default)"
+    )
     tri_name = "trivium run" + (f" ({', '.join(args.overrides)})" if args.overrides else " (its own choice)")
+    print(
+        f"workload {args.workload}: {args.prompts} prompts x {args.group}, <= {args.max_tokens} new tokens, "
+        f"lr {args.lr}, {args.steps} steps, eval every {args.eval_every} on {args.n_eval} test problems\n"
+    )
     print(
         "| run | s/step (median) | generated tok/s | rollout / train / eval | peak RSS MB | greedy accuracy |"
     )

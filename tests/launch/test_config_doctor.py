@@ -71,8 +71,8 @@ def test_doctor_derives_each_quantity_of_each_stage(tmp_path, tiny_model_dir, wo
     # 16 experiences / mini-batches of 8 = 2, x 2 ppo_epochs = 4 optimizer steps; 8 rows / micro 3 = 3 passes
     assert "= 2 mini-batch(es) x 2 ppo_epochs = 4 optimizer step(s) per step" in text
     assert (
-        "8 rows per mini-batch on each of 1 rank(s) / 3 (trainer.micro_batch_size) = 3 forward/backward"
-        in text
+        "8 rows per mini-batch on each of 1 rank(s), at most 3 rows (trainer.micro_batch_size) and 4096 "
+        "tokens (trainer.max_tokens_per_micro_batch) per pass = 3 forward/backward" in text
     )
     assert "at most 2 - 1 + 1 = 2 version(s) old" in text  # sync_interval - 1 + sync_offset
     tokenizer = load_tokenizer(tiny_model_dir)

@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM
 from trivium.config.schema import LoraConfig
 from trivium.models import lora
 from trivium.trainer.logprobs import _output_head, batched_logprobs, forward_logprobs
+from trivium.trainer.parallel import micro_rows
 from trivium.types import collate
 
 
@@ -82,10 +83,18 @@ def test_token_budget_sets_the_micro_batch_and_keeps_the_update(policy, tokenize
     tiny_budget = make_trainer(copy.deepcopy(policy), micro=16, max_tokens_per_micro_batch=1)
     assert tiny_budget._micro_rows(collate(exps, 0)) == 1  # never fewer than one row
     ma = budgeted.train_step(exps)
-    mb = make_trainer(b, micro=16, sgd=True, grad_clip=0.0).train_step(exps)
+    mb = make_trainer(b, micro=16, sgd=True, grad_clip=0.0, max_tokens_per_micro_batch=0).train_step(exps)
     assert ma["train/loss"] == pytest.approx(mb["train/loss"], abs=1e-6)
     for pa, pb in zip(a.parameters(), b.parameters()):
         assert torch.allclose(pa, pb, atol=1e-6)
+
+
+def test_token_budget_spreads_rows_evenly_over_its_passes():
+    assert micro_rows(64, 4000, rows=64, width=200) == 16  # a cap of 20 rows: 4 passes of 16, not 20+20+20+4
+    assert micro_rows(64, 4000, rows=15, width=200) == 20  # fewer rows than the cap: one pass
+    assert micro_rows(8, 4096, rows=64, width=200) == 8  # micro_batch_size is the tighter bound
+    assert micro_rows(64, 0, rows=64, width=200) == 64  # no budget: rows alone
+    assert micro_rows(64, 1, rows=10, width=200) == 1  # never fewer than one row
 
 
 def test_a_step_reports_its_phases(policy, tokenizer):

@@ -386,10 +386,12 @@ class TrainerConfig(StrictModel):
     """Rows per forward/backward pass; the loss does not depend on it (global denominators)."""
     pack_length: int | None = Field(None, ge=1, le=COUNT_MAX)
     """Pack sequences into rows of this many tokens instead of padding each to the longest."""
-    max_tokens_per_micro_batch: int = Field(0, ge=0, le=COUNT_MAX)
+    max_tokens_per_micro_batch: int = Field(4096, ge=0, le=COUNT_MAX)
     """Token budget of a forward/backward pass: a micro-batch takes at most this many tokens (rows x padded
-    row length) and at most micro_batch_size rows; 0 = rows alone (micro_batch_size). Long rows then run
-    in small micro-batches and short ones in large, at a flat memory peak."""
+    row length) and at most micro_batch_size rows, the rows spread evenly over the passes; 0 = rows alone
+    (micro_batch_size). Long rows then run in small micro-batches and short ones in large, at a flat
+    memory peak. Activation memory grows with it, speed barely (docs/performance.md); raise it on GPUs
+    with memory to spare."""
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     """Mixed precision of the trainer's passes (fp32 master weights and optimizer state always): bf16 or
     fp16 autocast (fp16 with loss scaling, CUDA only), or fp32. auto: bf16 on CUDA with bf16 and on CPUs

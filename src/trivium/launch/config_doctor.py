@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trivium.launch.memory_estimate import DTYPE_BYTES, Estimate, ModelShape, Shapes, estimate, mib
+from trivium.trainer.parallel import micro_rows
 
 
 @dataclass
@@ -186,14 +187,20 @@ def stage_facts(stage, index: int, count: int) -> StageFacts:
         f"{total * minis * t.ppo_epochs:,} in the stage"
     )
     per_rank = math.ceil(mini / t.world_size)
-    micro_rows = min(t.micro_batch_size, per_rank)
+    rows_per_pass = min(micro_rows(t.micro_batch_size, t.max_tokens_per_micro_batch, per_rank, seq), per_rank)
     if not trains:
         lines[-1] = "  updates      none in this process: the train process of the run trains what it writes"
     else:
+        budget = (
+            f" and {t.max_tokens_per_micro_batch} tokens (trainer.max_tokens_per_micro_batch)"
+            if t.max_tokens_per_micro_batch
+            else ""
+        )
         lines.append(
-            f"  micro        {per_rank} rows per mini-batch on each of {t.world_size} rank(s) / "
-            f"{t.micro_batch_size} (trainer.micro_batch_size) = {math.ceil(per_rank / t.micro_batch_size)} "
-            f"forward/backward pass(es) of up to {micro_rows} x {seq} tokens per optimizer step"
+            f"  micro        {per_rank} rows per mini-batch on each of {t.world_size} rank(s), at most "
+            f"{t.micro_batch_size} rows (trainer.micro_batch_size){budget} per pass = "
+            f"{math.ceil(per_rank / rows_per_pass)} forward/backward pass(es) of up to {rows_per_pass} x {seq} "
+            "tokens per optimizer step"
         )
     if cfg.mode == "both" or (cfg.mode == "train" and b.storage is not None):
         bound = s.sync_interval - 1 + s.sync_offset
@@ -225,7 +232,7 @@ def stage_facts(stage, index: int, count: int) -> StageFacts:
         rollout_seq = max(rollout_seq, prompt + r.max_tokens)
     shapes = Shapes(
         experiences=experiences,
-        rows_per_micro=micro_rows,
+        rows_per_micro=rows_per_pass,
         seq_len=seq,
         in_flight=in_flight,
         rollout_seq=rollout_seq,

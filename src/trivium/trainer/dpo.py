@@ -19,7 +19,7 @@ from trivium.config.schema import DpoConfig, TrainerConfig
 from trivium.trainer.logprobs import batched_logprobs, token_logprobs
 from trivium.trainer.model_io import export_weights, save_model
 from trivium.trainer.optim import Optimization
-from trivium.trainer.parallel import Parallel
+from trivium.trainer.parallel import Parallel, micro_rows
 from trivium.trainer.precision import choose_precision
 from trivium.types import PreferencePair, collate_pairs
 
@@ -48,12 +48,18 @@ class DpoTrainer:
         t0 = time.perf_counter()
         batch, chosen, rejected = collate_pairs(pairs, self.pad_token_id)
         batch = batch.to(self.device)
+        micro = micro_rows(
+            self.cfg.micro_batch_size,
+            self.cfg.max_tokens_per_micro_batch,
+            batch.num_rows,
+            batch.input_ids.shape[1],
+        )
         with self.precision.autocast():
-            ref_lp = batched_logprobs(self.ref_model, batch, self.cfg.micro_batch_size)
+            ref_lp = batched_logprobs(self.ref_model, batch, micro)
         ref_sums = sequence_sums(ref_lp, batch.loss_mask, batch.seq_index, batch.num_seqs)
         self.model.train()
         n_pairs = len(pairs)
-        per_micro = max(1, self.cfg.micro_batch_size // 2)  # rows per micro-batch, two per pair
+        per_micro = max(1, micro // 2)  # pairs per micro-batch, two rows each
         sums: dict[str, float] = {}
         for start in range(0, n_pairs, per_micro):
             k = torch.arange(start, min(start + per_micro, n_pairs))

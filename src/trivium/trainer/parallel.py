@@ -209,6 +209,20 @@ STRATEGIES.register("ddp")(DDPParallel)
 STRATEGIES.register("fsdp2")(FSDP2Parallel)
 
 
+def micro_rows(micro_batch_size: int, max_tokens: int, rows: int, width: int) -> int:
+    """Rows per forward pass over ``rows`` rows (one rank's share) of ``width`` tokens each.
+
+    At most ``micro_batch_size`` rows; with a token budget (``max_tokens`` > 0, trainer.
+    max_tokens_per_micro_batch) at most ``max_tokens // width`` rows too, spread evenly over the passes
+    it takes (64 rows under a cap of 20 run as 4 x 16, not 20 + 20 + 20 + 4), so that every pass has
+    about the same memory peak and none is a tiny tail.
+    """
+    if not max_tokens or max_tokens // width >= micro_batch_size:
+        return micro_batch_size
+    cap = max(1, max_tokens // width)
+    return max(1, math.ceil(rows / math.ceil(rows / cap))) if rows > cap else cap
+
+
 def make_parallel(strategy: str, device: torch.device, rank: int = 0, world_size: int = 1) -> Parallel:
     """The ``trainer.strategy`` called ``strategy`` for this rank."""
     return STRATEGIES.get(strategy)(device, rank, world_size)

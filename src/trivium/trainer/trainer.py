@@ -12,6 +12,7 @@ along only to measure the training-inference mismatch, logged every step.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,7 +43,7 @@ from trivium.trainer.guard import NumericGuard
 from trivium.trainer.logprobs import batched_logprobs, forward_logprobs
 from trivium.trainer.model_io import SHARDS_DIR, export_weights, save_model
 from trivium.trainer.optim import Optimization
-from trivium.trainer.parallel import Parallel
+from trivium.trainer.parallel import Parallel, micro_rows
 from trivium.trainer.precision import choose_precision
 from trivium.trainer.spec import AlgorithmSpec
 from trivium.types import Experience, TrainBatch, collate
@@ -168,7 +169,11 @@ class Trainer:
                 part = self._update(batch, rows, old_lp, ref_lp, advantages, seen_lp) if train_policy else {}
                 if self.critic is not None:
                     with timer("critic"):
-                        part.update(self.critic.update(batch, rows, values, returns, self._micro_rows(batch)))
+                        part.update(
+                            self.critic.update(
+                                batch, rows, values, returns, self._micro_rows(batch, rows.numel())
+                            )
+                        )
                 for k, v in part.items():
                     sums[k] = sums.get(k, 0.0) + v
                 updates += 1
@@ -236,11 +241,13 @@ class Trainer:
         with self.precision.autocast():
             return batched_logprobs(forward, batch, self._micro_rows(batch), self.temperature, self.parallel)
 
-    def _micro_rows(self, batch: TrainBatch) -> int:
-        """Rows per forward pass: ``micro_batch_size``, fewer where ``max_tokens_per_micro_batch`` says
-        (every row of a batch has the batch's width, so a micro-batch holds rows x width tokens)."""
-        rows, budget = self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch
-        return min(rows, max(1, budget // batch.input_ids.shape[1])) if budget else rows
+    def _micro_rows(self, batch: TrainBatch, rows: int | None = None) -> int:
+        """Rows per forward pass over ``rows`` of the batch (default: all of them): ``micro_batch_size``,
+        fewer where ``max_tokens_per_micro_batch`` says (every row of a batch has the batch's width, so a
+        micro-batch holds rows x width tokens)."""
+        share = math.ceil((batch.num_rows if rows is None else rows) / self.parallel.world_size)
+        width = batch.input_ids.shape[1]
+        return micro_rows(self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch, share, width)
 
     def _reference_logprobs(self, batch: TrainBatch) -> torch.Tensor | None:
         if self.reference_is_base:
@@ -331,7 +338,7 @@ class Trainer:
         self.model.train(not self.algorithm.needs_old_logprobs)
         sums: dict[str, float] = {}
         total_loss = 0.0
-        passes = list(self.parallel.passes(rows, self._micro_rows(batch)))
+        passes = list(self.parallel.passes(rows, self._micro_rows(batch, rows.numel())))
         timer = self.timer
         for n, (idx, real) in enumerate(passes):
             sub = batch.select_rows(idx)
