@@ -2,6 +2,7 @@
 micro-batches from a token budget give the same update."""
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -10,7 +11,13 @@ from transformers import AutoModelForCausalLM
 
 from trivium.config.schema import LoraConfig
 from trivium.models import lora
-from trivium.trainer.logprobs import _output_head, batched_logprobs, forward_logprobs
+from trivium.trainer.logprobs import (
+    _output_head,
+    batched_logprobs,
+    forward_logprobs,
+    loss_width,
+    rows_by_length,
+)
 from trivium.trainer.parallel import micro_rows
 from trivium.types import collate
 
@@ -55,6 +62,40 @@ def test_loss_tokens_only_equal_the_full_path(policy, tokenizer, pack_length):
         (lp[mask].sum()).backward()
         grads.append(torch.cat([p.grad.flatten() for p in policy.parameters() if p.grad is not None]))
     assert torch.allclose(grads[0], grads[1], atol=1e-5)
+
+
+@pytest.mark.parametrize("pack_length", [None, 100])
+def test_columns_after_the_last_loss_token_are_not_run_and_change_nothing(policy, tokenizer, pack_length):
+    exps = [  # answers cut to different lengths
+        dataclasses.replace(
+            e,
+            tokens=e.tokens[: e.prompt_length + k],
+            action_mask=e.action_mask[:k],
+            logprobs=e.logprobs[:k],
+        )
+        for i, e in enumerate(sampled_experiences(policy, tokenizer, n_prompts=3, group=3))
+        for k in [max(1, len(e.action_mask) - 2 * i)]
+    ]
+    batch = collate(exps, 0, pack_length)
+    order = rows_by_length(batch.loss_mask, torch.arange(batch.num_rows))
+    ends = [loss_width(batch.loss_mask[r : r + 1]) for r in order.tolist()]
+    assert ends == sorted(ends, reverse=True)  # longest first
+    short = order[len(order) // 2 :]  # the shorter half of the rows, still as wide as the longest row
+    sub = batch.select_rows(short)
+    used = loss_width(sub.loss_mask)
+    assert used < sub.input_ids.shape[1]
+    widths = []
+    handle = policy.model.embed_tokens.register_forward_hook(
+        lambda m, inp, out: widths.append(inp[0].shape[1])
+    )
+    fast, fast_h = forward_logprobs(policy, sub, temperature=0.7, entropy=True)
+    handle.remove()
+    full, full_h = forward_logprobs(policy, sub, temperature=0.7, entropy=True, only_loss_tokens=False)
+    assert widths == [used] and fast.shape == full.shape  # trimmed for the model, full width back
+    mask = sub.loss_mask
+    assert torch.allclose(fast[mask], full[mask], atol=1e-5)
+    assert torch.allclose(fast_h[mask], full_h[mask], atol=1e-5)
+    assert bool((fast[:, used:] == 0).all())
 
 
 def test_peft_models_take_the_fast_path_and_their_base_serves_as_reference(policy, tokenizer):

@@ -40,6 +40,46 @@ def forward_logprobs(
     head = _output_head(model) if only_loss_tokens else None
     if head is None:
         return _full_logprobs(model, batch, temperature, entropy)
+    width, used = batch.input_ids.shape[1], loss_width(batch.loss_mask)
+    if used < width:
+        # A causal LM's log-prob of a token depends on the tokens before it only: the columns after the
+        # last loss token (padding of rows longer than these, trailing prompts) are not run at all.
+        lp, ent = _head_logprobs(model, head, _first_columns(batch, used), temperature, entropy)
+        pad = (0, width - used)
+        return torch.nn.functional.pad(lp, pad), None if ent is None else torch.nn.functional.pad(ent, pad)
+    return _head_logprobs(model, head, batch, temperature, entropy)
+
+
+def loss_width(loss_mask: torch.Tensor) -> int:
+    """Columns up to and including the last loss token of any row (at least 1)."""
+    cols = loss_mask.any(0).nonzero()
+    return int(cols.max()) + 1 if cols.numel() else 1
+
+
+def rows_by_length(loss_mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``rows`` ordered longest first by their last loss column, so that micro-batches taken in order hold
+    rows of similar length and ``forward_logprobs`` trims each to its own width (the loss sums over rows:
+    the order does not change it)."""
+    positions = torch.arange(1, loss_mask.shape[1] + 1, device=loss_mask.device)
+    last = (loss_mask[rows].long() * positions).amax(1)
+    return rows[torch.argsort(last, descending=True, stable=True)]
+
+
+def _first_columns(batch: TrainBatch, width: int) -> TrainBatch:
+    """The batch's first ``width`` columns of the fields a forward pass reads."""
+    import dataclasses
+
+    return dataclasses.replace(
+        batch,
+        input_ids=batch.input_ids[:, :width],
+        attention_mask=None if batch.attention_mask is None else batch.attention_mask[:, :width],
+        position_ids=batch.position_ids[:, :width],
+        loss_mask=batch.loss_mask[:, :width],
+    )
+
+
+def _head_logprobs(model, head, batch: TrainBatch, temperature: float, entropy: bool):
+    """The loss-token path of ``forward_logprobs``: no vocabulary projection but of the loss positions."""
     out = model(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
@@ -119,7 +159,8 @@ def batched_logprobs(
     computes its rows (``Parallel.passes``) and the ranks' parts are summed into the whole ``[R, L]``."""
     parallel = parallel or Parallel(batch.input_ids.device)
     out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.input_ids.device)
-    for rows, real in parallel.passes(torch.arange(batch.num_rows, device=out.device), micro_batch_size):
+    order = rows_by_length(batch.loss_mask, torch.arange(batch.num_rows, device=out.device))
+    for rows, real in parallel.passes(order, micro_batch_size):
         lp = token_logprobs(model, _rows(batch, rows), temperature)
         if real:
             out[rows] = lp

@@ -40,7 +40,7 @@ from trivium.config.schema import OverlongPenaltyConfig, TrainerConfig
 from trivium.monitor.phases import PhaseTimer
 from trivium.trainer.critic import Critic
 from trivium.trainer.guard import NumericGuard
-from trivium.trainer.logprobs import batched_logprobs, forward_logprobs
+from trivium.trainer.logprobs import batched_logprobs, forward_logprobs, rows_by_length
 from trivium.trainer.model_io import SHARDS_DIR, export_weights, save_model
 from trivium.trainer.optim import Optimization
 from trivium.trainer.parallel import Parallel, micro_rows
@@ -338,6 +338,9 @@ class Trainer:
         self.model.train(not self.algorithm.needs_old_logprobs)
         sums: dict[str, float] = {}
         total_loss = 0.0
+        rows = rows_by_length(
+            batch.loss_mask, rows
+        )  # similar lengths share a micro-batch (trimmed to theirs)
         passes = list(self.parallel.passes(rows, self._micro_rows(batch, rows.numel())))
         timer = self.timer
         for n, (idx, real) in enumerate(passes):
