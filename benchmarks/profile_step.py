@@ -6,8 +6,9 @@
 
 The workload is the quickstart's GRPO stage (16 prompts x 8 samples, 24 new tokens, lr 2e-4, greedy eval
 of 256 problems every 10 steps) from an SFT checkpoint. The first step is dropped (warm-up). For each
-phase (``src/trivium/monitor/phases.py``): median seconds per step and its share of the median step, and
-the run's peak RSS. ``--set KEY=VALUE`` passes config overrides to ``trivium run`` (e.g. the precision).
+phase (``src/trivium/monitor/phases.py``): median seconds per step, its share of the median step, and the
+process's peak RSS while it ran (the largest over the steps; ``monitor.phase_memory`` is on), then the
+run's peak RSS. ``--set KEY=VALUE`` passes config overrides to ``trivium run`` (e.g. the precision).
 
 Not named ``profile.py``: a script's folder comes first on ``sys.path``, and a ``profile.py`` there
 shadows the standard library's ``profile`` module (which ``cProfile`` imports) for every benchmark in it.
@@ -51,7 +52,8 @@ PHASES = [
 def run_grpo(model: Path, steps: int, work: Path, overrides: list[str]) -> Path:
     cfg = yaml.safe_load(QUICKSTART.read_text())
     grpo = cfg["stages"][1]
-    cfg.update(project="bench", name="profile", checkpoint_root=str(work), monitor={"progress_bar": False})
+    monitor = {"progress_bar": False, "phase_memory": True}
+    cfg.update(project="bench", name="profile", checkpoint_root=str(work), monitor=monitor)
     cfg["model"] = {"path": str(model)}
     grpo["buffer"]["total_steps"] = steps
     grpo.setdefault("explorer", {})["eval_at_start"] = False
@@ -74,8 +76,8 @@ def table(records: list[dict]) -> str:
         f"{len(steps)} steps (first dropped), median {total:.3f} s/step; {sum('time/eval' in r for r in steps)} "
         "of them evaluate (eval: the mean over all steps)",
         "",
-        "| phase | median s/step | share of the step | what |",
-        "| --- | --- | --- | --- |",
+        "| phase | median s/step | share of the step | peak RSS MB | what |",
+        "| --- | --- | --- | --- | --- |",
     ]
     for name, what in PHASES:
         key = "time/" + name.strip()
@@ -84,7 +86,9 @@ def table(records: list[dict]) -> str:
             continue
         mean = statistics.mean(values) if key == "time/eval" else statistics.median(values)
         label = name.replace("  ", "&nbsp;&nbsp;")
-        lines.append(f"| {label} | {mean:.3f} | {mean / total:.0%} | {what} |")
+        peaks = [r["rss/" + name.strip()] for r in steps if "rss/" + name.strip() in r]
+        peak = f"{max(peaks):.0f}" if peaks else "-"
+        lines.append(f"| {label} | {mean:.3f} | {mean / total:.0%} | {peak} | {what} |")
     rss = max(r.get("train/peak_rss_mb", 0.0) for r in steps)
     tok = statistics.median(r.get("rollout/tokens_per_s", 0.0) for r in steps)
     lines += ["", f"peak RSS {rss:.0f} MB; rollout {tok:.0f} generated tokens/s"]

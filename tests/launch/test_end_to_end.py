@@ -8,6 +8,7 @@ from tests.launch.helpers import assert_same_records
 
 from trivium.cli import main as cli
 from trivium.monitor.metrics import read_metrics
+from trivium.monitor.phases import PEAK_RSS
 
 
 @pytest.mark.integration
@@ -19,11 +20,27 @@ def test_sft_then_grpo_reward_goes_up(e2e, tmp_path, rollout_dtype):
     cfg_path = tmp_path / "run.yaml"
     cfg = e2e.config(tmp_path)
     cfg["explorer"]["rollout"]["dtype"] = rollout_dtype
+    phase_memory = rollout_dtype is not None  # one of the two runs logs rss/<phase> too
+    cfg.setdefault("monitor", {})["phase_memory"] = phase_memory
     cfg_path.write_text(yaml.safe_dump(cfg))
-    assert cli(["run", "--config", str(cfg_path)]) == 0
+    try:
+        assert cli(["run", "--config", str(cfg_path)]) == 0
+    finally:
+        PEAK_RSS.enable(False)  # process-wide: later tests in this process run without it
     run_dir = tmp_path / "runs" / "e2e" / "codes"
     records = read_metrics(run_dir)
     grpo = [r for r in records if r["stage"] == "grpo"]
+    rss = [r for r in records if any(k.startswith("rss/") for k in r)]
+    if not phase_memory:
+        assert not rss
+    else:
+        for r in grpo:
+            assert {"rss/rollout", "rss/train", "rss/forward_backward", "rss/optimizer", "rss/sync"} <= set(r)
+            # a phase's peak covers its nested phases', and the process's peak covers every phase's
+            assert r["rss/train"] >= r["rss/forward_backward"] > 100  # MB: torch and the models at least
+            # (read in the optimizer phase: it covers the training passes before it)
+            assert r["train/peak_rss_mb"] >= r["rss/forward_backward"]
+        assert any("rss/eval" in r for r in grpo)
     rewards = [r["rollout/reward_mean"] for r in grpo]
     first, last = sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4
     assert last > first + 0.15, f"reward did not go up: {rewards}"

@@ -42,7 +42,9 @@ from trivium.config.schema import TriviumConfig
 # Top-level keys that a stage may not change: they name the run folder shared by all stages.
 RUN_LEVEL_KEYS = ("project", "name", "checkpoint_root", "stages", "plugins", "runtime", "cluster")
 # monitor's tracker fields: one set of tracker runs for the whole run (monitor/tracker_set.py)
-RUN_LEVEL_MONITOR_KEYS = frozenset({"backends", "tensorboard", "wandb", "mlflow", "backend_args"})
+RUN_LEVEL_MONITOR_KEYS = frozenset(
+    {"backends", "tensorboard", "wandb", "mlflow", "backend_args", "phase_memory"}
+)
 # Rounds of dropping the fields that break the schema (each round drops at least one; configs need 1-2).
 MAX_REPAIRS = 8
 # A schema problem under these keys stops validation there: stages and plugins shape everything after them.

@@ -32,6 +32,7 @@ from trivium.envs.calls import hung_calls
 from trivium.faults import FaultInjector
 from trivium.models.handle import ModelHandle, WorkflowTimeoutError
 from trivium.models.protocol import SamplingParams
+from trivium.monitor.phases import PEAK_RSS
 from trivium.types import Experience, Task
 from trivium.workflows.registry import get_workflow
 
@@ -117,6 +118,7 @@ class Explorer:
         tasks failed); ``rollout/informative_groups`` of ``rollout/groups`` had some reward variance.
         """
         t0 = time.perf_counter()
+        peak = PEAK_RSS.start()  # rss/rollout (monitor.phase_memory)
         engine_s0 = getattr(self.model, "engine_seconds", 0.0)
         self._phase = f"explore:{step}"
         version = self.model.version
@@ -167,6 +169,7 @@ class Explorer:
                 )
         experiences = [e for group in kept[: self.batch_size] for e in group]
         gen_seconds = time.perf_counter() - t0
+        peak = PEAK_RSS.stop(peak)
         engine_seconds = getattr(self.model, "engine_seconds", 0.0) - engine_s0
         t1 = time.perf_counter()
         self.queue.put(experiences)
@@ -193,6 +196,8 @@ class Explorer:
                 **self.model.metrics(),
             }
         )
+        if peak is not None:
+            metrics["rss/rollout"] = peak
         if self.faults is not None:
             metrics.update(self.faults.take_counts())
         hung = len(hung_calls())

@@ -29,7 +29,7 @@ from trivium.launch import build
 from trivium.launch.resume import ResumePoint
 from trivium.launch.stopping import RunStopped, StopRequests
 from trivium.monitor.metrics import MetricsWriter, Progress
-from trivium.monitor.phases import close_step
+from trivium.monitor.phases import PEAK_RSS, close_step
 from trivium.sync.versions import is_sync_step
 from trivium.trainer.checkpoint import prune_checkpoints, save_checkpoint
 
@@ -134,10 +134,11 @@ class StepEnd:
         cfg, state = self.stage.config, self.state
         if evaluate and self.explorer is not None and eval_due(cfg, step, self.total):
             t0 = time.perf_counter()
-            if self.eval_sync is not None and self.explorer.model.version != state.version:
-                weights = self.trainer.export_weights(self.eval_sync.wire_dtype)
-                self.eval_sync.publish(weights, state.version)
-            record.update(self.explorer.evaluate())
+            with PEAK_RSS.phase(record, "eval"):
+                if self.eval_sync is not None and self.explorer.model.version != state.version:
+                    weights = self.trainer.export_weights(self.eval_sync.wire_dtype)
+                    self.eval_sync.publish(weights, state.version)
+                record.update(self.explorer.evaluate())
             record["time/eval"] = time.perf_counter() - t0
         if profile is not None:
             close_step(record, time.perf_counter() - profile[0], profile[1])
@@ -193,14 +194,16 @@ def _steps(end_step, source, trainer, sync, stop, done, start_version, sync_inte
         t0 = time.perf_counter()
         batch, record = source.next(step, trainer_version=start_version + step - 1)
         t1 = time.perf_counter()
-        record.update(trainer.train_step(batch) if batch else {"train/skipped_steps": 1.0})
+        with PEAK_RSS.phase(record, "train"):
+            record.update(trainer.train_step(batch) if batch else {"train/skipped_steps": 1.0})
         record["time/train"] = time.perf_counter() - t1
         maybe_die("train", step)
         if is_sync_step(step, sync_interval, total):
             state.version = start_version + step
             if sync is not None:
                 t2 = time.perf_counter()
-                record.update(sync.publish(trainer.export_weights(sync.wire_dtype), state.version))
+                with PEAK_RSS.phase(record, "sync"):
+                    record.update(sync.publish(trainer.export_weights(sync.wire_dtype), state.version))
                 record["time/sync"] = time.perf_counter() - t2
         saved = end_step(
             step,

@@ -27,6 +27,7 @@ from trivium.launch.resume import find_resume_point
 from trivium.launch.runtime import apply_threads
 from trivium.launch.stopping import RunStopped
 from trivium.monitor.metrics import METRICS_FILE, MetricsWriter, RunProgress, metrics_path
+from trivium.monitor.phases import PEAK_RSS
 from trivium.monitor.status import recorded
 from trivium.monitor.tracker_set import TrackerSet
 
@@ -72,6 +73,10 @@ def run(run_cfg: RunConfig, overwrite: bool = False, resume: bool = True) -> Pat
     (run_dir / name).write_text(yaml.safe_dump(resolved, sort_keys=False))
     _quiet_libraries()
     apply_threads(run_cfg.config.runtime.num_threads)
+    if not PEAK_RSS.enable(run_cfg.config.monitor.phase_memory) and run_cfg.config.monitor.phase_memory:
+        log.warning(
+            "monitor.phase_memory: this system has no writable /proc/self/clear_refs; rss/<phase> is not logged"
+        )
     _seed_everything(run_cfg.config.seed)
     if not torch.cuda.is_available():
         torch.set_flush_denormal(True)  # denormals slowed CPU training ~3x as weights shrank

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import math
-import resource
 
 import torch
 
 from trivium.config.schema import TrainerConfig
+from trivium.monitor.phases import PEAK_RSS
 
 
 def build_optimizer(params, cfg: TrainerConfig) -> torch.optim.Optimizer:
@@ -119,7 +119,7 @@ class Optimization:
         return {
             "train/trainable_params": float(sum(p.numel() for p in params)),
             "train/optimizer_mb": sum(t.numel() * t.element_size() for t in state) / 2**20,
-            "train/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # this process
+            "train/peak_rss_mb": PEAK_RSS.process_peak(),  # this process, whole run
         }
 
     def state_dict(self, include_optimizer: bool = True) -> dict:
