@@ -188,6 +188,11 @@ def stage_facts(stage, index: int, count: int) -> StageFacts:
     )
     per_rank = math.ceil(mini / t.world_size)
     rows_per_pass = min(micro_rows(t.micro_batch_size, t.max_tokens_per_micro_batch, per_rank, seq), per_rank)
+    # memory: the fullest pass a batch can make. Shorter batches than the longest allow more rows a pass
+    # under a token budget, up to about the budget's tokens, so the rows the budget caps at this width
+    # (not the evenly spread ones) stand for it.
+    budget_rows = t.max_tokens_per_micro_batch // seq if t.max_tokens_per_micro_batch else per_rank
+    fullest_rows = max(1, min(t.micro_batch_size, per_rank, budget_rows))
     if not trains:
         lines[-1] = "  updates      none in this process: the train process of the run trains what it writes"
     else:
@@ -232,7 +237,7 @@ def stage_facts(stage, index: int, count: int) -> StageFacts:
         rollout_seq = max(rollout_seq, prompt + r.max_tokens)
     shapes = Shapes(
         experiences=experiences,
-        rows_per_micro=rows_per_pass,
+        rows_per_micro=fullest_rows,
         seq_len=seq,
         in_flight=in_flight,
         rollout_seq=rollout_seq,
