@@ -59,7 +59,7 @@ class MonitorConfig(StrictModel):
     phase_memory: bool = False
     """Log rss/<phase>: the process's peak resident memory (MB) during each phase of a step (rollout,
     train and its parts, sync, eval), next to time/<phase>. Linux only; it resets the kernel's high-water
-    mark of the process at each phase (docs/performance.md), hence off by default. Run-level."""
+    mark of the process at each phase (docs/performance.md), hence off by default. Not in Ray actors. Run-level."""
     stall_timeout_s: float = Field(600.0, ge=0, le=SECONDS_MAX)
     """No step finished for this long: write every thread's stack to stall_*.txt in the run folder and the
     log, saying what each part waits on (launch/doctor.py); the run goes on. Again after as long. 0 = off."""
