@@ -1,13 +1,13 @@
 """Speed and peak memory of one GRPO train step against the micro-batch split (token budget or rows).
 
-    python benchmarks/micro_batch.py            # the 25M shape, 64 rows of ~70 prompt + 60-128 answer tokens
+    python benchmarks/micro_batch.py            # the 25M model, 64 rows of 60-80 prompt + 60-128 answer tokens
 
 Every setting runs ``trivium``'s own ``Trainer.train_step`` on the same 64 experiences (8 groups x 8, random
-tokens and 0/1 rewards) of a randomly initialised Qwen2 of ``benchmarks/engines.py``'s 25M shape (hidden
-512, 8 layers, 8 heads, 4 KV heads, MLP 1536, vocabulary 512), in fp32, each setting in its own process
-(peak RSS is per process): one warm-up step, then ``--steps`` timed steps (median reported). The
-settings are ``trainer.max_tokens_per_micro_batch`` budgets (0: off, the whole batch in one pass) and a
-rows-only cap, so that the default's trade-off (docs/performance.md) can be seen side by side.
+tokens and 0/1 rewards) of ``benchmarks/engines.py``'s 25M model (hidden 512, 8 layers; its SFT checkpoint,
+made once into ``--work``, is the one ``benchmarks/vs_trl.py --workload w25m`` starts from), in fp32, each
+setting in its own process (peak RSS is per process): one warm-up step, then ``--steps`` timed steps (median
+reported). The settings are ``trainer.max_tokens_per_micro_batch`` budgets (0: off, the whole batch in one
+pass) and a rows-only cap, so that the default's trade-off (docs/performance.md) can be seen side by side.
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
 
 # (label, micro_batch_size, max_tokens_per_micro_batch)
 SETTINGS = [
@@ -30,9 +33,9 @@ SETTINGS = [
 ]
 
 
-def one_setting(micro: int, budget: int, steps: int) -> dict:
+def one_setting(model_dir: str, micro: int, budget: int, steps: int) -> dict:
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from trivium.config.schema import AlgorithmConfig, TrainerConfig
     from trivium.trainer.spec import AlgorithmSpec
@@ -40,15 +43,8 @@ def one_setting(micro: int, budget: int, steps: int) -> dict:
     from trivium.types import Experience, collate
 
     torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=512,
-        hidden_size=512,
-        num_hidden_layers=8,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        intermediate_size=1536,
-    )
-    model = Qwen2ForCausalLM(cfg)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(1)
     experiences = []
     for i in range(64):
@@ -56,7 +52,7 @@ def one_setting(micro: int, budget: int, steps: int) -> dict:
         answer = int(torch.randint(60, 129, (1,), generator=gen))
         experiences.append(
             Experience(
-                tokens=torch.randint(1, 512, (prompt + answer,), generator=gen),
+                tokens=torch.randint(1, vocab, (prompt + answer,), generator=gen),
                 prompt_length=prompt,
                 action_mask=torch.ones(answer, dtype=torch.bool),
                 logprobs=torch.full((answer,), -1.0),
@@ -84,14 +80,29 @@ def one_setting(micro: int, budget: int, steps: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=3, help="timed train steps per setting (median reported)")
-    ap.add_argument("--one", nargs=2, type=int, help=argparse.SUPPRESS)  # child: micro_batch_size budget
+    ap.add_argument("--work", default=str(REPO / "benchmarks" / "workdir"), help="models and data (reused)")
+    ap.add_argument("--one", nargs=3, help=argparse.SUPPRESS)  # child: model micro_batch_size budget
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(one_setting(*args.one, args.steps)))
+        model_dir, micro, budget = args.one
+        print(json.dumps(one_setting(model_dir, int(micro), int(budget), args.steps)))
         return 0
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from engines import w25m_model
+
+    model = w25m_model(Path(args.work).resolve())
     results = []
     for label, micro, budget in SETTINGS:
-        cmd = [sys.executable, __file__, "--steps", str(args.steps), "--one", str(micro), str(budget)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--steps",
+            str(args.steps),
+            "--one",
+            str(model),
+            str(micro),
+            str(budget),
+        ]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
         results.append((label, json.loads(out.splitlines()[-1])))
         print(f"{label} done", file=sys.stderr, flush=True)

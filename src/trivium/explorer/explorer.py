@@ -108,6 +108,13 @@ class Explorer:
         self.model.engine.load_sampler_state(state["sampler"])
 
     def explore_step(self, step: int) -> dict[str, float]:
+        """``_explore_step``, with its peak memory as ``rss/rollout`` when ``monitor.phase_memory`` is on."""
+        peak: dict[str, float] = {}
+        with PEAK_RSS.phase(peak, "rollout"):
+            metrics = self._explore_step(step)
+        return {**metrics, **peak}
+
+    def _explore_step(self, step: int) -> dict[str, float]:
         """Run one batch of tasks, write their experiences to the queue, return rollout metrics.
 
         Each round's groups pass the experience operators (``experience_ops``, buffer/operators.py), which
@@ -118,7 +125,6 @@ class Explorer:
         tasks failed); ``rollout/informative_groups`` of ``rollout/groups`` had some reward variance.
         """
         t0 = time.perf_counter()
-        peak = PEAK_RSS.start()  # rss/rollout (monitor.phase_memory)
         engine_s0 = getattr(self.model, "engine_seconds", 0.0)
         self._phase = f"explore:{step}"
         version = self.model.version
@@ -169,7 +175,6 @@ class Explorer:
                 )
         experiences = [e for group in kept[: self.batch_size] for e in group]
         gen_seconds = time.perf_counter() - t0
-        peak = PEAK_RSS.stop(peak)
         engine_seconds = getattr(self.model, "engine_seconds", 0.0) - engine_s0
         t1 = time.perf_counter()
         self.queue.put(experiences)
@@ -196,8 +201,6 @@ class Explorer:
                 **self.model.metrics(),
             }
         )
-        if peak is not None:
-            metrics["rss/rollout"] = peak
         if self.faults is not None:
             metrics.update(self.faults.take_counts())
         hung = len(hung_calls())

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trivium.launch.memory_estimate import DTYPE_BYTES, Estimate, ModelShape, Shapes, estimate, mib
-from trivium.trainer.parallel import micro_rows
+from trivium.trainer.parallel import micro_cap, micro_rows
 
 
 @dataclass
@@ -191,8 +191,7 @@ def stage_facts(stage, index: int, count: int) -> StageFacts:
     # memory: the fullest pass a batch can make. Shorter batches than the longest allow more rows a pass
     # under a token budget, up to about the budget's tokens, so the rows the budget caps at this width
     # (not the evenly spread ones) stand for it.
-    budget_rows = t.max_tokens_per_micro_batch // seq if t.max_tokens_per_micro_batch else per_rank
-    fullest_rows = max(1, min(t.micro_batch_size, per_rank, budget_rows))
+    fullest_rows = min(micro_cap(t.micro_batch_size, t.max_tokens_per_micro_batch, seq), per_rank)
     if not trains:
         lines[-1] = "  updates      none in this process: the train process of the run trains what it writes"
     else:

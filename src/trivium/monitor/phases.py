@@ -52,11 +52,13 @@ class PeakRss:
     def enable(self, on: bool) -> bool:
         """Turn per-phase peaks on or off; returns whether they are on (False where /proc cannot do it)."""
         with self._lock:
-            self.enabled = bool(on) and self._status() is not None and self._reset()
+            mark = self._status()
+            self.enabled = bool(on) and mark is not None and self._reset(mark)
             return self.enabled
 
-    def _reset(self) -> bool:
-        self._lifetime = max(self._lifetime, self._status() or 0.0)
+    def _reset(self, mark: float) -> bool:
+        """Reset the kernel's mark, keeping ``mark`` (its value now) in the lifetime peak."""
+        self._lifetime = max(self._lifetime, mark)
         try:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")  # reset the peak resident set size to the current one
@@ -86,12 +88,9 @@ class PeakRss:
         if not self.enabled:
             return None
         with self._lock:
-            mark = self._status() or 0.0
-            for token in self._open:
-                self._open[token] = max(self._open[token], mark)
-            self._reset()
+            self._reset(self._fold())
             token = next(self._ids)
-            self._open[token] = self._status() or 0.0
+            self._open[token] = 0.0  # the mark, reset to the RSS of now, is read at its end
             return token
 
     def stop(self, token: int | None) -> float | None:
@@ -99,10 +98,15 @@ class PeakRss:
         if token is None:
             return None
         with self._lock:
-            mark = self._status() or 0.0
-            for other in self._open:
-                self._open[other] = max(self._open[other], mark)
-            return self._open.pop(token, mark)
+            self._fold()
+            return self._open.pop(token)
+
+    def _fold(self) -> float:
+        """The mark so far into every open phase's running peak (before a reset would lose it); returns it."""
+        mark = self._status() or 0.0
+        for token in self._open:
+            self._open[token] = max(self._open[token], mark)
+        return mark
 
     @contextlib.contextmanager
     def phase(self, record: dict, name: str) -> Iterator[None]:

@@ -217,10 +217,16 @@ def micro_rows(micro_batch_size: int, max_tokens: int, rows: int, width: int) ->
     it takes (64 rows under a cap of 20 run as 4 x 16, not 20 + 20 + 20 + 4), so that every pass has
     about the same memory peak and none is a tiny tail.
     """
-    if not max_tokens or max_tokens // width >= micro_batch_size:
+    cap = micro_cap(micro_batch_size, max_tokens, width)
+    if cap == micro_batch_size:
         return micro_batch_size
-    cap = max(1, max_tokens // width)
-    return max(1, math.ceil(rows / math.ceil(rows / cap))) if rows > cap else cap
+    return math.ceil(rows / math.ceil(rows / cap)) if rows > cap else cap
+
+
+def micro_cap(micro_batch_size: int, max_tokens: int, width: int) -> int:
+    """The most rows one pass may take at ``width`` tokens a row: ``micro_batch_size``, and with a token
+    budget (``max_tokens`` > 0) ``max_tokens // width`` (at least 1)."""
+    return min(micro_batch_size, max(1, max_tokens // width)) if max_tokens else micro_batch_size
 
 
 def make_parallel(strategy: str, device: torch.device, rank: int = 0, world_size: int = 1) -> Parallel:

@@ -338,9 +338,8 @@ class Trainer:
         self.model.train(not self.algorithm.needs_old_logprobs)
         sums: dict[str, float] = {}
         total_loss = 0.0
-        rows = rows_by_length(
-            batch.loss_mask, rows
-        )  # similar lengths share a micro-batch (trimmed to theirs)
+        # rows of similar length share a micro-batch, which forward_logprobs trims to their own width
+        rows = rows_by_length(batch.loss_mask, rows)
         passes = list(self.parallel.passes(rows, self._micro_rows(batch, rows.numel())))
         timer = self.timer
         for n, (idx, real) in enumerate(passes):
