@@ -216,7 +216,7 @@ def _cmd_check(args) -> int:
         c = stage.config
         print(f"# stage: {stage.name}")
         if c.mode in ("both", "train"):  # what this machine gives the trainer, and why
-            print(f"# {explain(c.trainer.precision, c.model.device, c.model.dtype)}")
+            print(f"# {explain(c.trainer.precision, c.model)}")
         print(yaml.safe_dump(c.model_dump(mode="json", exclude={"stages"}), sort_keys=False))
     print(f"OK: {args.config} is valid ({len(run_cfg.stages)} stage(s)).", file=sys.stderr)
     return 0

@@ -1,5 +1,6 @@
 """runtime.num_threads and the warning about another run on the same machine."""
 
+import re
 import subprocess
 import sys
 import time
@@ -32,7 +33,10 @@ def test_another_trivium_run_is_found_and_named_in_a_warning(caplog):
         assert other.pid in other_runs()
         with caplog.at_level("WARNING", logger="trivium.launch.runtime"):
             apply_threads(None)
-        assert f"another trivium run is on this machine (pid {other.pid}" in caplog.text
+        # the machine may run real trivium runs too (a user's, CI's): the stand-in is one of the pids named
+        named = re.search(r"another trivium run is on this machine \(pid ([\d, ]+)\)", caplog.text)
+        assert named, caplog.text
+        assert str(other.pid) in named.group(1).split(", ") or len(other_runs()) > 5, caplog.text
         assert "runtime.num_threads=" in caplog.text
     finally:
         other.kill()

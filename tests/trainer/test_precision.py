@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from trivium.config.schema import AlgorithmConfig, LoraConfig, TrainerConfig
 from trivium.models import lora
 from trivium.trainer.logprobs import token_logprobs
-from trivium.trainer.precision import choose_precision, fast_bf16
+from trivium.trainer.precision import choose_precision
 from trivium.trainer.spec import AlgorithmSpec
 from trivium.trainer.trainer import Trainer
 from trivium.types import collate
@@ -42,29 +42,78 @@ def trainer_for(model, precision, algorithm="grpo", sgd=False, **kw):
 
 
 # --- the choice -------------------------------------------------------------------------------------------
-def test_cpu_probe_reads_the_bf16_flags(monkeypatch):
-    monkeypatch.delenv("TRIVIUM_FAST_BF16", raising=False)
-    assert fast_bf16(CPU, {"fpu", "avx512f", "avx512_bf16"})[0]
-    assert fast_bf16(CPU, {"amx_bf16", "amx_tile"})[0]
-    fast, why = fast_bf16(CPU, {"fpu", "avx512f"})
-    capability = torch.backends.cpu.get_cpu_capability()
-    assert fast == ("BF16" in capability.upper() or "AMX" in capability.upper())
-    assert capability in why
+# (the hardware probe for each kind of CPU and GPU: tests/models/test_bf16.py)
+def test_auto_measures_before_it_takes_bf16(monkeypatch):
+    """On native-bf16 hardware auto runs the probe: bf16 only where it pays (AUTO_MIN_SPEEDUP), and the
+    reason names the measurement either way; without native bf16 nothing is measured."""
+    from trivium.trainer.precision import AUTO_MIN_SPEEDUP, Probe
 
+    runs = []
 
-def test_auto_follows_the_hardware_and_says_why(monkeypatch):
+    def probe(ratio):
+        return Probe("the test's pass", lambda: runs.append(ratio) or ratio)
+
     monkeypatch.setenv("TRIVIUM_FAST_BF16", "1")
-    chosen = choose_precision("auto", CPU)
-    assert (chosen.name, chosen.dtype) == ("bf16", torch.bfloat16)
-    assert "TRIVIUM_FAST_BF16=1" in chosen.describe("auto")
+    fast = choose_precision("auto", CPU, probe=probe(2.5))
+    assert (fast.name, fast.dtype) == ("bf16", torch.bfloat16)
+    assert runs == [2.5] and "bf16 ran the test's pass 2.50x as fast as fp32" in fast.reason
+    small = choose_precision("auto", CPU, probe=probe(AUTO_MIN_SPEEDUP - 0.05))
+    assert small.name == "fp32"
+    assert (
+        f"under the {AUTO_MIN_SPEEDUP}x" in small.reason
+        and "trainer.precision: bf16 forces it" in small.reason
+    )
+    assert choose_precision("auto", CPU).name == "bf16"  # nothing to measure: the hardware's word
+
+    def broken():
+        raise RuntimeError("needs pixel_values")
+
+    failed = choose_precision("auto", CPU, probe=Probe("a VLM's pass", broken))
+    assert failed.name == "bf16" and "needs pixel_values" in failed.reason
     monkeypatch.setenv("TRIVIUM_FAST_BF16", "0")
-    assert choose_precision("auto", CPU).name == "fp32"
+    runs.clear()
+    chosen = choose_precision("auto", CPU, probe=probe(9.0))
+    assert chosen.name == "fp32" and runs == []  # emulated bf16 is never measured, never chosen
+    assert "TRIVIUM_FAST_BF16=0" in chosen.describe("auto")
     assert choose_precision("bf16", CPU).name == "bf16"  # asked for: given, with a note
     assert choose_precision("fp32", CPU).dtype is None
     # low-precision weights have no fp32 master copy: auto runs them as they are, bf16 is an error
     assert choose_precision("auto", CPU, torch.bfloat16).name == "fp32"
     with pytest.raises(ValueError, match=r"model\.dtype"):
         choose_precision("bf16", CPU, torch.bfloat16)
+
+
+def test_the_probe_times_the_model_and_leaves_it_as_it_was(policy):
+    """model_probe times the model's own pass (small models) without changing its weights, gradients,
+    mode or the global random stream (a seeded run draws the same numbers with or without it)."""
+    from trivium.trainer.precision import model_probe
+
+    probe = model_probe(policy, CPU)
+    assert "forward and backward" in probe.what
+    policy.train()
+    before = [p.detach().clone() for p in policy.parameters()]
+    state = torch.get_rng_state()
+    ratio = probe.speedup()
+    assert ratio > 0
+    assert torch.equal(state, torch.get_rng_state())
+    assert policy.training and all(p.grad is None for p in policy.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters()))
+
+
+def test_the_trainer_and_check_config_run_the_same_probe(policy, tiny_model_dir, monkeypatch):
+    from trivium.config.schema import ModelConfig
+    from trivium.models import bf16
+    from trivium.trainer.precision import resolve
+
+    seen = []
+    monkeypatch.setenv("TRIVIUM_FAST_BF16", "1")
+    monkeypatch.setattr(bf16, "_speedup", lambda one_pass, sync: seen.append(one_pass) or 1.0)
+    trainer = trainer_for(policy, "auto")
+    assert trainer.precision.name == "fp32" and "1.00x" in trainer.precision.reason
+    assert "0.1M parameters" in trainer.precision.reason or "M parameters" in trainer.precision.reason
+    chosen = resolve("auto", ModelConfig(path=str(tiny_model_dir), device="cpu"))
+    assert chosen.name == "fp32" and "forward and backward" in chosen.reason
+    assert len(seen) == 2
 
 
 def test_fp16_off_cuda_is_an_error_naming_the_field():
@@ -163,7 +212,8 @@ def test_loss_scaling_skips_overflows_without_counting_them_as_bad_steps():
 
     model = torch.nn.Linear(3, 1)
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
-    optim = Optimization(model, TrainerConfig(lr=0.1, grad_clip=0.0), scaler=scaler)
+    optim = Optimization(model, TrainerConfig(lr=0.1, grad_clip=0.0))
+    optim.scaler = scaler
     optim.plan(10)
     x = torch.ones(1, 3)
     before = [p.detach().clone() for p in model.parameters()]

@@ -283,22 +283,15 @@ def _check_lora_targets(cfg: TriviumConfig, at, check_files: bool) -> list[Probl
 
 def _linear_layer_names(cfg: TriviumConfig) -> list[str] | None:
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Qwen2Config
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trivium.models.tiny import recipe_config
 
     m = cfg.model
     if (Path(m.path) / "config.json").is_file():
         config = AutoConfig.from_pretrained(m.path)
     elif m.tiny is not None:
-        t = m.tiny
-        kind = Qwen2Config if t.architecture == "qwen2" else LlamaConfig
-        config = kind(
-            hidden_size=t.hidden_size,
-            num_hidden_layers=t.num_layers,
-            num_attention_heads=t.num_heads,
-            num_key_value_heads=t.num_kv_heads,
-            intermediate_size=t.intermediate_size,
-            vocab_size=t.vocab_size,
-        )
+        config = recipe_config(m.tiny)
     else:
         return None
     with torch.device("meta"):

@@ -42,22 +42,12 @@ def model_and_tokenizer(cfg):
 
         config, tokenizer = AutoConfig.from_pretrained(path), load_tokenizer(path)
     elif cfg.model.tiny is not None:
-        from transformers import LlamaConfig, Qwen2Config
-
         from trivium.launch.build import corpus_lines
-        from trivium.models.tiny import build_tokenizer
+        from trivium.models.tiny import build_tokenizer, recipe_config
 
         t = cfg.model.tiny
         tokenizer = build_tokenizer(list(corpus_lines(t)), t.vocab_size, 4096)
-        config = {"qwen2": Qwen2Config, "llama": LlamaConfig}[t.architecture](
-            vocab_size=len(tokenizer),
-            hidden_size=t.hidden_size,
-            intermediate_size=t.intermediate_size,
-            num_hidden_layers=t.num_layers,
-            num_attention_heads=t.num_heads,
-            num_key_value_heads=t.num_kv_heads,
-            tie_word_embeddings=True,
-        )
+        config = recipe_config(t, vocab_size=len(tokenizer))
     else:
         raise FileNotFoundError(f"model.path {path!r} does not exist and there is no model.tiny recipe")
     with torch.device("meta"):
@@ -247,12 +237,27 @@ def stage_facts(stage, index: int, count: int) -> StageFacts:
         overlap=s.sync_offset > 0,
     )
     shards = t.world_size if t.strategy == "fsdp2" else 1
-    est = estimate(shape, shapes, cfg.model.dtype, r.dtype or cfg.model.dtype, shards)
+    precision = trainer_precision(cfg) if trains else None
+    autocast = precision is not None and precision.name in ("bf16", "fp16")
+    est = estimate(shape, shapes, cfg.model.dtype, r.dtype or cfg.model.dtype, shards, autocast)
+    if precision is not None:
+        lines.append(f"  precision    {precision.describe(t.precision)}")
     if not trains:  # the engine takes the policy over (no copy): its weights, KV cache and prefill only
         est.parts.pop("trainer")
         est.steady, est.train_transient = est.parts["rollout"]["weights"], 0.0
     lines += memory_lines(shape, shapes, est, cfg)
     return StageFacts(stage.name, lines, shapes, est, total)
+
+
+def trainer_precision(cfg):
+    """What ``trainer.precision`` becomes on this machine for this model (``trainer/precision.py``), or
+    None where it cannot run here (check-config names that problem)."""
+    from trivium.trainer.precision import resolve
+
+    try:
+        return resolve(cfg.trainer.precision, cfg.model)
+    except ValueError:
+        return None
 
 
 def memory_lines(shape: ModelShape, shapes: Shapes, est: Estimate, cfg) -> list[str]:

@@ -17,6 +17,13 @@ The per-token activation count of a decoder layer (Qwen2/Llama, autograd's saved
 the layer's input and its normalised copy (2h), q after rotary, k and v (h + 2 kv), k and v repeated to
 every head for attention (2h), attention's output (h), the second norm's input and output (2h), the MLP's
 gate, up, activated gate and product (4i): ``9h + 2kv + 4i``.
+
+Under bf16 autocast (``trainer.precision`` bf16 with fp32 weights) the residual stream and the norms stay
+fp32 and so do q and k after rotary (fp32 cos/sin promote them): ``5h + kv`` values of 4 bytes; the
+products' outputs and the bf16 copies autocast makes of their inputs (three of the first norm's output,
+two of the second's, q and k again for attention) are 2 bytes: ``9h + 2kv + 4i`` values. Per token and
+layer that is ``38h + 8kv + 8i`` bytes against fp32's ``36h + 8kv + 16i``: less where the MLP is wider
+than the model, as in every common architecture.
 """
 
 from __future__ import annotations
@@ -46,6 +53,14 @@ class ModelShape:
     def act_per_token_layer(self) -> int:
         """Values a decoder layer keeps per token for backward (module docstring)."""
         return 9 * self.hidden + 2 * self.kv_width + 4 * self.intermediate
+
+    def act_bytes_per_token_layer(self, weight_bytes: int, autocast: bool) -> int:
+        """Bytes a decoder layer keeps per token for backward: every value in the weights' dtype, or under
+        bf16/fp16 autocast (module docstring) ``5h + kv`` values in fp32 and ``9h + 2kv + 4i`` in 16 bits."""
+        if not autocast:
+            return self.act_per_token_layer() * weight_bytes
+        h, kv, i = self.hidden, self.kv_width, self.intermediate
+        return 4 * (5 * h + kv) + 2 * (9 * h + 2 * kv + 4 * i)
 
 
 @dataclass(frozen=True)
@@ -81,12 +96,20 @@ class Estimate:
         return self.steady + max(self.train_transient, self.rollout_transient)
 
 
-def estimate(shape: ModelShape, s: Shapes, model_dtype: str, rollout_dtype: str, shards: int = 1) -> Estimate:
+def estimate(
+    shape: ModelShape,
+    s: Shapes,
+    model_dtype: str,
+    rollout_dtype: str,
+    shards: int = 1,
+    autocast: bool = False,
+) -> Estimate:
     """Bytes of rank 0's process (which holds the explorer too); ``shards``: FSDP2's world size, over which
-    the trained weights, their gradients and the optimizer state are split (DDP keeps a full replica)."""
+    the trained weights, their gradients and the optimizer state are split (DDP keeps a full replica);
+    ``autocast``: the trainer's passes run under bf16/fp16 autocast (``trainer.precision``)."""
     wb, rb = DTYPE_BYTES[model_dtype], DTYPE_BYTES[rollout_dtype]
     tokens = s.rows_per_micro * s.seq_len
-    act = tokens * shape.layers * shape.act_per_token_layer() * wb
+    act = tokens * shape.layers * shape.act_bytes_per_token_layer(wb, autocast)
     head = 3 * tokens * shape.vocab * 4  # logits, their gradient, the log-softmax's exp: float32
     trainer = {
         "weights": shape.params * wb * (1 / shards + s.frozen_copies),

@@ -167,6 +167,49 @@ def check_round_trip(out: Path, tokenizer: PreTrainedTokenizerFast, texts: list[
         )
 
 
+def architecture_config(
+    architecture: str,
+    *,
+    vocab_size: int,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    intermediate_size: int,
+    **extra,
+):
+    """The transformers config of a tiny model (tied embeddings); ``extra``: further config fields."""
+    from transformers import LlamaConfig, Qwen2Config
+
+    classes = {"qwen2": Qwen2Config, "llama": LlamaConfig}
+    if architecture not in classes:
+        raise ValueError(f"tiny model: architecture={architecture!r} is not one of {sorted(classes)}")
+    return classes[architecture](
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        tie_word_embeddings=True,
+        **extra,
+    )
+
+
+def recipe_config(tiny, vocab_size: int | None = None):
+    """The transformers config a ``model.tiny`` recipe (``TinyModelConfig``) builds, before its tokenizer
+    exists: ``vocab_size`` is the tokenizer's where known, else the recipe's target size."""
+    return architecture_config(
+        tiny.architecture,
+        vocab_size=vocab_size or tiny.vocab_size,
+        hidden_size=tiny.hidden_size,
+        num_layers=tiny.num_layers,
+        num_heads=tiny.num_heads,
+        num_kv_heads=tiny.num_kv_heads,
+        intermediate_size=tiny.intermediate_size,
+    )
+
+
 def build_model(
     tokenizer: PreTrainedTokenizerFast,
     *,
@@ -180,28 +223,24 @@ def build_model(
     seed: int,
 ) -> PreTrainedModel:
     """A randomly initialised causal LM with tied embeddings, sized to ``tokenizer``; fp32 on CPU."""
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import GenerationConfig, LlamaForCausalLM, Qwen2ForCausalLM
 
-    classes = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
-    if architecture not in classes:
-        raise ValueError(f"make_tiny(): architecture={architecture!r} is not one of {sorted(classes)}")
-    config_cls, model_cls = classes[architecture]
-    config = config_cls(
+    config = architecture_config(
+        architecture,
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
         intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
         max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = model_cls(config)
+        model = {"qwen2": Qwen2ForCausalLM, "llama": LlamaForCausalLM}[architecture](config)
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
     )

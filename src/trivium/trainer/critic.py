@@ -70,7 +70,7 @@ class Critic:
         """Run the value model's passes in the trainer's ``Precision`` (autocast, fp16 loss scaling); its
         weights and AdamW state stay float32 and values are upcast to float32 (``ValueModel.forward``)."""
         self.precision = precision
-        self.optim.scaler = precision.grad_scaler()
+        self.optim.set_precision(precision)
 
     def _autocast(self):
         import contextlib

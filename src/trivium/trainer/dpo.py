@@ -20,7 +20,7 @@ from trivium.trainer.logprobs import batched_logprobs, token_logprobs
 from trivium.trainer.model_io import export_weights, save_model
 from trivium.trainer.optim import Optimization
 from trivium.trainer.parallel import Parallel, micro_rows
-from trivium.trainer.precision import choose_precision
+from trivium.trainer.precision import choose_precision, model_probe
 from trivium.types import PreferencePair, collate_pairs
 
 
@@ -39,8 +39,10 @@ class DpoTrainer:
         self.pad_token_id = pad_token_id
         self.device = next(model.parameters()).device
         self.parallel = Parallel(self.device)  # DPO trains on one rank (trainer.strategy single)
-        self.precision = choose_precision(cfg.precision, self.device, next(model.parameters()).dtype)
-        self.optim = Optimization(model, cfg, scaler=self.precision.grad_scaler())
+        self.precision = choose_precision(
+            cfg.precision, self.device, next(model.parameters()).dtype, model_probe(model, self.device)
+        )
+        self.optim = Optimization(model, cfg, precision=self.precision)
         self.optim.plan(total_steps)
         self.step = 0
 

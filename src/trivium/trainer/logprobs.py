@@ -89,7 +89,7 @@ def _head_logprobs(model, head, batch: TrainBatch, temperature: float, entropy: 
         logits_to_keep=torch.empty(0, dtype=torch.long, device=batch.input_ids.device),
     )
     where = batch.loss_mask[:, 1:]  # [R, L-1]: position t-1 predicts loss token t
-    logits = head(out.hidden_states[-1][:, :-1][where]).float()  # [N, V]
+    logits = project_fp32(head, out.hidden_states[-1][:, :-1][where])  # [N, V]
     if temperature != 1.0:
         logits = logits / temperature
     picked = logits.gather(-1, batch.input_ids[:, 1:][where].unsqueeze(-1)).squeeze(-1)
@@ -99,6 +99,25 @@ def _head_logprobs(model, head, batch: TrainBatch, temperature: float, entropy: 
     from trivium.algorithm.losses_entropy import entropy_from_logits
 
     return lp, _scatter(entropy_from_logits(logits, 1.0), where)
+
+
+def project_fp32(head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """float32 logits ``head(hidden)``: under autocast too, where the head has float32 (master) weights.
+
+    Under bf16 autocast the vocabulary projection would otherwise round every logit to bf16, whose
+    spacing grows with the logit: 0.0625 at 8-16 and 0.125 at 16-32, the range of a trained model's top
+    logits. That error lands directly in every log-prob, importance ratio and KL the algorithm reads,
+    while the decoder layers' bf16 errors are damped by the norms after them (the MiniMax-M1 report,
+    arXiv:2506.13585, traced its training/inference probability mismatch to the LM head's precision and
+    fixed it by running the head in fp32). The final hidden states are fp32 already (the residual stream
+    and the final norm run in fp32 under autocast), so this is the exact fp32 projection. Its cost is one
+    fp32 product over the loss tokens only (``forward_logprobs``); models whose head weights are themselves
+    low precision (``model.dtype`` bf16, no master copy) project in their dtype, upcast after."""
+    weight = getattr(head, "weight", None)
+    if weight is None or weight.dtype != torch.float32:
+        return head(hidden).float()
+    with torch.autocast(hidden.device.type, enabled=False):
+        return head(hidden.float())
 
 
 def _scatter(values: torch.Tensor, where: torch.Tensor) -> torch.Tensor:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
 from trivium.config.schema import TrainerConfig
 from trivium.monitor.phases import PEAK_RSS
+
+if TYPE_CHECKING:
+    from trivium.trainer.precision import Precision
 
 
 def build_optimizer(params, cfg: TrainerConfig) -> torch.optim.Optimizer:
@@ -46,13 +51,16 @@ class Optimization:
         model: torch.nn.Module,
         cfg: TrainerConfig,
         lr: float | None = None,
-        scaler: torch.amp.GradScaler | None = None,
+        precision: Precision | None = None,
     ):
-        """``scaler``: fp16 loss scaling (``precision.py``); losses then go through ``backward``."""
+        """``precision``: the passes' mixed precision (``precision.py``), None for fp32; losses go through
+        ``backward``, which applies its fp16 loss scaling and its backward context."""
         self.model = model
         self.cfg = cfg if lr is None else cfg.model_copy(update={"lr": lr})
         self.optimizer = build_optimizer(model.parameters(), self.cfg)
-        self.scaler = scaler
+        self.scaler: torch.amp.GradScaler | None = None
+        self.backward_context = contextlib.nullcontext
+        self.set_precision(precision)
         self.overflows = 0  # fp16 updates the loss scaler skipped (an overflow lowers the scale)
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
         self.planned_updates = 0
@@ -67,9 +75,16 @@ class Optimization:
     def lr(self) -> float:
         return self.scheduler.get_last_lr()[0] if self.scheduler is not None else self.cfg.lr
 
+    def set_precision(self, precision: Precision | None) -> None:
+        if precision is not None:
+            self.scaler = precision.grad_scaler()
+            self.backward_context = precision.backward_context
+
     def backward(self, loss: torch.Tensor) -> None:
-        """``loss.backward()``, through the loss scaler when there is one."""
-        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+        """``loss.backward()``, through the loss scaler when there is one, in the precision's backward
+        context (bf16's matrix-product emulation on CPUs without bf16 instructions)."""
+        with self.backward_context():
+            (loss if self.scaler is None else self.scaler.scale(loss)).backward()
 
     def step(self) -> float:
         """Clip, step, advance the schedule, zero the gradients; returns the gradient norm before clipping.

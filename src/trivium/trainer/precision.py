@@ -6,26 +6,34 @@ number the algorithm reads is float32: logits are upcast before log-softmax (``l
 losses, advantages and the rollout-vs-trainer mismatch are computed from those float32 log-probs.
 ``fp16``: the same in float16, with dynamic loss scaling (``torch.amp.GradScaler``); CUDA only, since
 float16's narrow range needs the scaler and CPU autocast has no fast float16 path. ``fp32``: no autocast.
-``auto``: bf16 where the hardware multiplies bf16 fast (a CUDA device that supports it; a CPU with
-AVX-512-BF16 or AMX), fp32 elsewhere (where bf16 is emulated and slower than fp32).
+``auto``: bf16 where the hardware multiplies bf16 natively (a CUDA device of compute capability 8.0 or
+later; a CPU with AVX-512-BF16 or AMX) *and* a measurement at start says bf16 runs the model's own
+shapes at least ``AUTO_MIN_SPEEDUP`` times as fast as fp32; fp32 elsewhere. Small models gain nothing
+from bf16 on a CPU (their products are too small) and would pay its rounding for nothing.
 
-``TRIVIUM_FAST_BF16`` (``0``/``1``) overrides the CPU probe: the test suite sets 0 so that its exact-number
-tests mean the same on every CI machine, and a user can set 1 where the probe misses a capable CPU.
+The hardware probe and the bf16 emulation for CPUs without bf16 instructions are in ``models/bf16.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-__all__ = ["Precision", "choose_precision", "fast_bf16"]
+from trivium.models.bf16 import (
+    FULL_MODEL_PROBE_PARAMS,
+    bf16_autocast,
+    bf16_emulation,
+    bf16_speedup,
+    model_bf16_speedup,
+    native_bf16,
+)
+
+__all__ = ["AUTO_MIN_SPEEDUP", "Precision", "Probe", "choose_precision", "model_probe", "resolve"]
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-_CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
 @dataclass(frozen=True)
@@ -46,7 +54,12 @@ class Precision:
         """Context of every forward pass of the trainer's models (no-op for fp32)."""
         if self.dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device_type, dtype=self.dtype)
+        return bf16_autocast(self.device_type, self.dtype)
+
+    def backward_context(self):
+        """Context of every backward pass: bf16's matrix-product emulation on CPUs without bf16
+        instructions (``models/bf16.py``), nothing elsewhere."""
+        return bf16_emulation(self.device_type) if self.name == "bf16" else contextlib.nullcontext()
 
     def grad_scaler(self) -> torch.amp.GradScaler | None:
         """Dynamic loss scaling, for fp16 only (bf16 has float32's exponent range)."""
@@ -56,49 +69,55 @@ class Precision:
         return f"trainer.precision {setting} -> {self.name}: {self.reason}"
 
 
-def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> set[str]:
-    """The CPU feature flags of the first processor in ``cpuinfo`` (empty where there is no such file)."""
-    try:
-        text = Path(cpuinfo).read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith(("flags", "Features")):
-            return set(line.partition(":")[2].split())
-    return set()
+# auto takes bf16 only where it is at least this much faster than fp32 on the model's own passes: below it
+# the rounding (and, measured on an AVX-512-BF16 CPU, more resident memory) is paid for too little
+AUTO_MIN_SPEEDUP = 1.2
 
 
-def fast_bf16(device: torch.device, flags: set[str] | None = None) -> tuple[bool, str]:
-    """Whether ``device`` multiplies bfloat16 natively (faster than float32), and what says so."""
-    if device.type == "cuda":
-        if torch.cuda.is_bf16_supported():
-            return True, f"CUDA device {torch.cuda.get_device_name(device)} supports bf16"
-        return False, f"CUDA device {torch.cuda.get_device_name(device)} has no bf16 support"
-    if device.type != "cpu":
-        return False, f"no bf16 probe for device type {device.type}"
-    forced = os.environ.get("TRIVIUM_FAST_BF16")
-    if forced in ("0", "1"):
-        return forced == "1", f"TRIVIUM_FAST_BF16={forced} overrides the CPU probe"
-    flags = cpu_flags() if flags is None else flags
-    found = sorted(f for f in _CPU_BF16_FLAGS if f in flags)
-    if found:
-        return True, f"the CPU has {', '.join(found)}"
-    capability = torch.backends.cpu.get_cpu_capability()
-    if "BF16" in capability.upper() or "AMX" in capability.upper():
-        return True, f"torch's CPU capability is {capability}"
-    return False, (
-        f"the CPU has neither {' nor '.join(_CPU_BF16_FLAGS)} (torch's CPU capability: {capability}): "
-        "bf16 would be emulated, slower than fp32"
+@dataclass(frozen=True)
+class Probe:
+    """What ``auto`` measures before it takes bf16 (``what``, for the reason it gives) and the measurement:
+    ``speedup()`` = fp32 time / bf16 time of that pass on the device."""
+
+    what: str
+    speedup: Callable[[], float]
+
+
+def model_probe(model: torch.nn.Module, device: torch.device) -> Probe | None:
+    """The probe for a loaded model: its own forward and backward pass where that is cheap (up to
+    ``FULL_MODEL_PROBE_PARAMS`` parameters: small models are decided by their per-op overheads, which only
+    the real pass shows), its MLP's shapes above that; None for a model without a transformers config."""
+    inner = getattr(model, "module", model)  # DDP
+    params = sum(p.numel() for p in inner.parameters())
+    if params <= FULL_MODEL_PROBE_PARAMS:
+        return Probe(
+            f"this model's forward and backward pass ({params / 1e6:.1f}M parameters, 4 x 256 tokens)",
+            lambda: model_bf16_speedup(inner, device),
+        )
+    shape = _hidden_and_mlp(getattr(inner, "config", None))
+    return None if shape is None else shape_probe(shape, device)
+
+
+def shape_probe(shape: tuple[int, int], device: torch.device) -> Probe:
+    hidden, intermediate = shape
+    return Probe(
+        f"this model's MLP (hidden {hidden}, intermediate {intermediate}, 256 tokens)",
+        lambda: bf16_speedup(str(device), hidden, intermediate),
     )
 
 
 def choose_precision(
-    setting: str, device: torch.device, weights_dtype: torch.dtype = torch.float32
+    setting: str,
+    device: torch.device,
+    weights_dtype: torch.dtype = torch.float32,
+    probe: Probe | None = None,
 ) -> Precision:
     """The precision of ``trainer.precision: setting`` for weights of ``weights_dtype`` on ``device``.
 
-    Raises ValueError (naming the field) for fp16 off CUDA and for autocast over low-precision weights,
-    which would leave no float32 master copy."""
+    ``auto`` on hardware with native bf16 runs ``probe`` (see ``model_probe``) and takes bf16 where it is
+    at least ``AUTO_MIN_SPEEDUP`` times as fast as fp32; without a probe it takes bf16. Raises ValueError
+    (naming the field) for fp16 off CUDA and for autocast over low-precision weights, which would leave no
+    float32 master copy."""
     device = torch.device(device)
     if setting not in ("auto", "fp32", "bf16", "fp16"):
         raise ValueError(f"trainer.precision={setting!r} is not one of auto, fp32, bf16, fp16")
@@ -123,18 +142,78 @@ def choose_precision(
                 f"{device}: use trainer.precision bf16 or auto on CPU"
             )
         return Precision("fp16", device.type, "asked for (with dynamic loss scaling)")
-    fast, why = fast_bf16(device)
+    fast, why = native_bf16(device)
     if setting == "bf16":
         return Precision("bf16", device.type, "asked for" + ("" if fast else f" (note: {why})"))
-    return Precision("bf16" if fast else "fp32", device.type, why)
+    if not fast:
+        return Precision("fp32", device.type, why)
+    if probe is None:
+        return Precision("bf16", device.type, why)
+    try:
+        ratio = probe.speedup()
+    except Exception as e:  # a model whose forward needs more than input_ids: the hardware decides
+        return Precision("bf16", device.type, f"{why} (the speed probe of {probe.what} failed: {e!r})")
+    measured = f"{why}, and bf16 ran {probe.what} {ratio:.2f}x as fast as fp32 (measured at start)"
+    if ratio >= AUTO_MIN_SPEEDUP:
+        return Precision("bf16", device.type, measured)
+    return Precision(
+        "fp32",
+        device.type,
+        f"{measured}: under the {AUTO_MIN_SPEEDUP}x that pays for bf16's rounding and memory "
+        "(trainer.precision: bf16 forces it)",
+    )
 
 
-def explain(setting: str, device: str, model_dtype: str) -> str:
-    """One line for ``trivium check-config``: what ``trainer.precision: setting`` becomes on this machine
-    for ``model.device`` and ``model.dtype`` (names as in the config), and why; or why it cannot run."""
-    from trivium.models.loading import resolve_device, resolve_dtype
+def _hidden_and_mlp(config) -> tuple[int, int] | None:
+    hidden, intermediate = getattr(config, "hidden_size", None), getattr(config, "intermediate_size", None)
+    return (int(hidden), int(intermediate)) if hidden and intermediate else None
+
+
+def config_probe(model_cfg, device: torch.device) -> Probe | None:
+    """The probe ``auto`` would run for a ``model`` config section, without its weights: a random
+    initialisation of its architecture where ``model_probe`` would time the whole model (the ``tiny``
+    recipe's, or a local ``path``'s ``config.json``), its MLP shapes above that; None where the
+    architecture cannot be read here (a hub id offline, an unreadable folder)."""
+    from pathlib import Path
+
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
-        return choose_precision(setting, resolve_device(device), resolve_dtype(model_dtype)).describe(setting)
+        if model_cfg.tiny is not None and not (Path(model_cfg.path) / "config.json").is_file():
+            from trivium.models.tiny import recipe_config
+
+            config = recipe_config(model_cfg.tiny)
+        elif model_cfg.path and (Path(model_cfg.path) / "config.json").is_file():
+            config = AutoConfig.from_pretrained(model_cfg.path)
+        else:
+            return None
+        with torch.device("meta"):
+            params = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if params <= FULL_MODEL_PROBE_PARAMS:
+        return model_probe(AutoModelForCausalLM.from_config(config).to(device), device)
+    shape = _hidden_and_mlp(config)
+    return None if shape is None else shape_probe(shape, device)
+
+
+def resolve(setting: str, model_cfg) -> Precision:
+    """What ``trainer.precision: setting`` becomes on this machine for a ``model`` config section, as the
+    run will decide it (``config_probe`` for auto, only where bf16 is native). Raises ValueError as
+    ``choose_precision`` does."""
+    from trivium.models.loading import resolve_device, resolve_dtype
+
+    device, dtype = resolve_device(model_cfg.device), resolve_dtype(model_cfg.dtype)
+    probe = None
+    if setting == "auto" and dtype == torch.float32 and native_bf16(device)[0]:
+        probe = config_probe(model_cfg, device)
+    return choose_precision(setting, device, dtype, probe)
+
+
+def explain(setting: str, model_cfg) -> str:
+    """One line for ``trivium check-config``: what ``trainer.precision: setting`` becomes on this machine
+    for the ``model`` config section, and why; or why it cannot run."""
+    try:
+        return resolve(setting, model_cfg).describe(setting)
     except ValueError as e:
         return f"trainer.precision {setting}: cannot run here: {e}"

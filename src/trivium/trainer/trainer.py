@@ -44,7 +44,7 @@ from trivium.trainer.logprobs import batched_logprobs, forward_logprobs, rows_by
 from trivium.trainer.model_io import SHARDS_DIR, export_weights, save_model
 from trivium.trainer.optim import Optimization
 from trivium.trainer.parallel import Parallel, micro_rows
-from trivium.trainer.precision import choose_precision
+from trivium.trainer.precision import choose_precision, model_probe
 from trivium.trainer.spec import AlgorithmSpec
 from trivium.types import Experience, TrainBatch, collate
 
@@ -88,7 +88,13 @@ class Trainer:
                 raise ValueError(f"advantage '{algorithm.advantage_fn}' needs {name}: pass {model_needed}")
         self.parallel = parallel or Parallel(next(model.parameters()).device)
         self.device = self.parallel.device
-        self.precision = choose_precision(cfg.precision, self.device, next(model.parameters()).dtype)
+        self.precision = choose_precision(
+            cfg.precision,
+            self.device,
+            next(model.parameters()).dtype,
+            # ranks must agree: one rank's timing is not another's, so several ranks take the hardware's word
+            model_probe(model, self.device) if self.parallel.world_size == 1 else None,
+        )
         if self.parallel.is_leader:
             log.info("%s", self.precision.describe(cfg.precision))
         self.model = self.parallel.wrap(model)
@@ -106,7 +112,7 @@ class Trainer:
         self.kl_penalty = kl_penalty
         self.kl_penalty_estimator = kl_penalty_estimator
         self.overlong = overlong
-        self.optim = Optimization(self.model, cfg, scaler=self.precision.grad_scaler())  # planned at step 1
+        self.optim = Optimization(self.model, cfg, precision=self.precision)  # planned at step 1
         self.guard = NumericGuard(cfg.max_abs_reward, cfg.max_bad_steps)
         self.total_steps = total_steps
         self.step = 0

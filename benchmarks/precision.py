@@ -1,0 +1,191 @@
+"""The quickstart over several seeds in fp32 and in bf16 (forced, every stage): does bf16 learn as well?
+
+    python benchmarks/precision.py                      # seeds 0-4, fp32 and bf16, two runs at a time
+    python benchmarks/precision.py --seeds 0 1 --jobs 1 # fewer seeds, one run at a time
+    python benchmarks/precision.py --report             # the table and plot from the runs already made
+
+Each run is `trivium run --config examples/quickstart/grpo_word_problems.yaml` with `--set seed=S` and
+`--set trainer.precision=P` (both stages), in its own process, under benchmarks/workdir/precision/. On a
+CPU without bf16 instructions `bf16` runs with bf16's numerics through the matrix-product emulation of
+`trivium/models/bf16.py` (the same results as a native bf16 CPU up to summation order, at about fp32's
+speed); the results file says which. The learning numbers (greedy accuracy on the quickstart's test split,
+of the SFT model and after 100 GRPO steps) do not depend on the machine's load, so `--jobs 2` runs two at a
+time on one thread each; the wall times printed are then not a speed comparison (benchmarks/vs_trl.py is).
+
+Writes benchmarks/results/precision.json, precision.md (per seed, mean and spread) and precision.png (the
+eval-accuracy curves). Exits 1 unless every run gains >= --min-gain and the bf16 mean gain is within
+--max-gap of the fp32 mean gain (issue 23's bar: 0.30 and 0.10).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "examples" / "quickstart" / "grpo_word_problems.yaml"
+WORKDIR = REPO / "benchmarks" / "workdir" / "precision"
+RESULTS = REPO / "benchmarks" / "results"
+KEY = "eval/test/accuracy"
+
+
+def run_dir(precision: str, seed: int) -> Path:
+    return WORKDIR / "quickstart" / f"{precision}-seed{seed}"
+
+
+def run_one(precision: str, seed: int, threads: int) -> dict:
+    out = run_dir(precision, seed)
+    cmd = [
+        "trivium", "run", "--config", str(CONFIG),
+        "--set", f"seed={seed}",
+        "--set", f"trainer.precision={precision}",
+        "--set", f"name={out.name}",
+        "--set", f"checkpoint_root={WORKDIR}",
+        "--set", "monitor.progress_bar=false",
+        "--set", f"runtime.num_threads={threads}",
+    ]  # fmt: skip
+    log = WORKDIR / f"{out.name}.log"
+    t0 = time.perf_counter()
+    with log.open("w") as f:
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO).returncode
+    print(
+        f"{out.name}: rc {rc} in {time.perf_counter() - t0:.0f} s (log {log.relative_to(REPO)})", flush=True
+    )
+    return {"precision": precision, "seed": seed, "rc": rc, "seconds": time.perf_counter() - t0}
+
+
+def read_run(precision: str, seed: int) -> dict | None:
+    path = run_dir(precision, seed) / "metrics.jsonl"
+    if not path.exists():
+        return None
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    curve = [(r["stage"], r["global_step"], r[KEY]) for r in rows if KEY in r]
+    sft = [a for stage, _, a in curve if stage == "sft"]
+    rl = [a for stage, _, a in curve if stage != "sft"]
+    if not sft or not rl or not any(r.get("stage") == "grpo" and r.get("step") == 100 for r in rows):
+        return None  # unfinished
+    log = (WORKDIR / f"{precision}-seed{seed}.log").read_text(errors="replace")
+    chosen = next((line.split("trainer.trainer: ", 1)[1] for line in log.splitlines() if "precision" in line
+                   and "trainer.trainer: " in line), "")  # fmt: skip
+    return {
+        "precision": precision,
+        "seed": seed,
+        "sft_accuracy": sft[-1],
+        "final_accuracy": rl[-1],
+        "gain": rl[-1] - sft[-1],
+        "curve": curve,
+        "seconds": rows[-1].get("time"),
+        "trainer_precision": chosen,
+    }
+
+
+def report(precisions: list[str], seeds: list[int], min_gain: float, max_gap: float) -> int:
+    runs = [r for p in precisions for s in seeds if (r := read_run(p, s)) is not None]
+    missing = [(p, s) for p in precisions for s in seeds if read_run(p, s) is None]
+    lines = [
+        "| precision | seed | SFT model | after GRPO | gain |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    summary = {}
+    for p in precisions:
+        mine = [r for r in runs if r["precision"] == p]
+        for r in mine:
+            lines.append(
+                f"| {p} | {r['seed']} | {r['sft_accuracy']:.3f} | {r['final_accuracy']:.3f} | {100 * r['gain']:+.1f} |"
+            )
+        if mine:
+            gains = [r["gain"] for r in mine]
+            summary[p] = {
+                "mean_gain": statistics.mean(gains),
+                "min_gain": min(gains),
+                "max_gain": max(gains),
+                "stdev_gain": statistics.stdev(gains) if len(gains) > 1 else 0.0,
+                "mean_final": statistics.mean(r["final_accuracy"] for r in mine),
+                "runs": len(mine),
+            }
+    lines += ["", "| precision | runs | mean gain | spread (min .. max) | stdev | mean final accuracy |",
+              "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for p, s in summary.items():
+        lines.append(
+            f"| {p} | {s['runs']} | {100 * s['mean_gain']:+.1f} | {100 * s['min_gain']:+.1f} .. "
+            f"{100 * s['max_gain']:+.1f} | {100 * s['stdev_gain']:.1f} | {s['mean_final']:.3f} |"
+        )
+    verdicts = []
+    bad = [r for r in runs if r["gain"] < min_gain]
+    verdicts.append(f"every run gains >= {100 * min_gain:+.0f} points: " + ("yes" if not bad else
+                    "NO (" + ", ".join(f"{r['precision']} seed {r['seed']} {100 * r['gain']:+.1f}" for r in bad) + ")"))  # fmt: skip
+    gap = None
+    if "fp32" in summary and "bf16" in summary:
+        gap = summary["bf16"]["mean_gain"] - summary["fp32"]["mean_gain"]
+        verdicts.append(
+            f"bf16 mean gain - fp32 mean gain = {100 * gap:+.1f} points (bar: within {100 * max_gap:.0f})"
+        )
+    if missing:
+        verdicts.append("missing or unfinished runs: " + ", ".join(f"{p} seed {s}" for p, s in missing))
+    chosen = sorted({r["trainer_precision"] for r in runs if r["trainer_precision"]})
+    text = "\n".join(lines + [""] + [f"- {v}" for v in verdicts] + [f"- trainer log: {c}" for c in chosen])
+    print(text)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "precision.md").write_text(
+        "# The quickstart in fp32 and bf16 over seeds (benchmarks/precision.py)\n\n" + text + "\n"
+    )
+    (RESULTS / "precision.json").write_text(json.dumps({"runs": runs, "summary": summary}, indent=1) + "\n")
+    plot(runs)
+    ok = not bad and not missing and (gap is None or abs(gap) <= max_gap)
+    return 0 if ok else 1
+
+
+def plot(runs: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    colours = {"fp32": "tab:blue", "bf16": "tab:orange"}
+    for r in runs:
+        xs = [step for _, step, _ in r["curve"]]
+        ys = [acc for _, _, acc in r["curve"]]
+        label = (
+            r["precision"]
+            if r["seed"] == min(x["seed"] for x in runs if x["precision"] == r["precision"])
+            else None
+        )
+        ax.plot(xs, ys, color=colours.get(r["precision"], "grey"), alpha=0.7, marker=".", label=label)
+    ax.set_xlabel("global step (SFT 800 steps, then GRPO 100)")
+    ax.set_ylabel("greedy accuracy on the test split")
+    ax.set_title("quickstart, one line per seed")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(RESULTS / "precision.png", dpi=110)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
+    ap.add_argument("--jobs", type=int, default=2, help="runs at a time (each gets cores/jobs threads)")
+    ap.add_argument("--report", action="store_true", help="only read the runs already made")
+    ap.add_argument("--min-gain", type=float, default=0.30)
+    ap.add_argument("--max-gap", type=float, default=0.10)
+    args = ap.parse_args()
+    if not args.report:
+        WORKDIR.mkdir(parents=True, exist_ok=True)
+        todo = [(p, s) for s in args.seeds for p in args.precisions if read_run(p, s) is None]
+        threads = max(1, (os.cpu_count() or 1) // args.jobs)
+        with ThreadPoolExecutor(args.jobs) as pool:
+            for done in pool.map(lambda ps: run_one(*ps, threads), todo):
+                if done["rc"] != 0:
+                    print(f"run {done} failed: see its log", file=sys.stderr)
+    return report(args.precisions, args.seeds, args.min_gain, args.max_gap)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
