@@ -1,6 +1,6 @@
 """Read a quickstart run's metrics.jsonl and check that GRPO lifted eval accuracy over the SFT model.
 
-    python benchmarks/check_quickstart.py runs/quickstart/word-problems --min-gain 0.25
+    python benchmarks/check_quickstart.py runs/quickstart/word-problems --min-gain 0.30
 
 Prints the eval-accuracy curve and exits non-zero when the gain is below --min-gain.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("run_dir")
-    ap.add_argument("--min-gain", type=float, default=0.25)
+    ap.add_argument("--min-gain", type=float, default=0.30)
     ap.add_argument("--key", default="eval/test/accuracy")
     args = ap.parse_args()
     rows = [

@@ -123,6 +123,8 @@ def main() -> int:
         help="keep the recorded rows of other seeds (run with the same settings) in the results files",
     )
     args = ap.parse_args()
+    grpo_buffer = yaml.safe_load(QUICKSTART.read_text())["stages"][1]["buffer"]  # for the results' title
+    args.tasks_per_step, args.group = grpo_buffer["batch_size"], grpo_buffer["taskset"]["repeat_times"]
     sys.path.insert(0, str(REPO / "benchmarks"))
     from engines import quickstart_model
 
@@ -160,7 +162,7 @@ def main() -> int:
 def markdown(rows: list[dict], args) -> str:
     lines = [
         f"# benchmarks/faults.py ({time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores, {args.steps} GRPO "
-        f"steps of 16 x 8, workflow_timeout_s {args.timeout:g}, max_retries {args.retries}, "
+        f"steps of {args.tasks_per_step} x {args.group}, workflow_timeout_s {args.timeout:g}, max_retries {args.retries}, "
         f"runtime.num_threads {args.threads})",
         "",
         "| run | seed | greedy accuracy start → final | injected raises + hangs (per attempt) | retries | "

@@ -3,6 +3,8 @@
     python benchmarks/precision.py                      # seeds 0-4, fp32 and bf16, two runs at a time
     python benchmarks/precision.py --seeds 0 1 --jobs 1 # fewer seeds, one run at a time
     python benchmarks/precision.py --report             # the table and plot from the runs already made
+    python benchmarks/precision.py --redo-stage grpo    # rerun only the GRPO stage of the runs made, from
+                                                        # their SFT checkpoints (after a GRPO recipe change)
 
 Each run is `trivium run --config examples/quickstart/grpo_word_problems.yaml` with `--set seed=S` and
 `--set trainer.precision=P` (both stages), in its own process, under benchmarks/workdir/precision/. On a
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -84,6 +87,26 @@ def read_run(precision: str, seed: int) -> dict | None:
         "seconds": rows[-1].get("time"),
         "trainer_precision": chosen,
     }
+
+
+def redo_stage(precision: str, seed: int, stage: str) -> bool:
+    """Forget ``stage`` of a finished run (its checkpoints, metrics records and trajectories), so that
+    `trivium run` resumes the run from the previous stage's last checkpoint and runs ``stage`` as the config
+    says now. Returns whether there was a run to redo."""
+    out = run_dir(precision, seed)
+    metrics = out / "metrics.jsonl"
+    if not metrics.exists() or not (out / "checkpoints").is_dir():
+        return False
+    shutil.rmtree(out / "checkpoints" / stage, ignore_errors=True)
+    kept = [x for x in metrics.read_text().splitlines() if x.strip() and json.loads(x).get("stage") != stage]
+    metrics.write_text("".join(x + "\n" for x in kept))
+    trajectories = out / "trajectories.jsonl"
+    if trajectories.exists():
+        rows = trajectories.read_text().splitlines()
+        trajectories.write_text(
+            "".join(x + "\n" for x in rows if x.strip() and json.loads(x).get("stage") != stage)
+        )
+    return True
 
 
 def report(precisions: list[str], seeds: list[int], min_gain: float, max_gap: float) -> int:
@@ -173,11 +196,21 @@ def main() -> int:
     ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
     ap.add_argument("--jobs", type=int, default=2, help="runs at a time (each gets cores/jobs threads)")
     ap.add_argument("--report", action="store_true", help="only read the runs already made")
+    ap.add_argument(
+        "--redo-stage",
+        metavar="STAGE",
+        help="rerun this stage of the runs already made, resuming each from its previous stage's checkpoint",
+    )
     ap.add_argument("--min-gain", type=float, default=0.30)
     ap.add_argument("--max-gap", type=float, default=0.10)
     args = ap.parse_args()
     if not args.report:
         WORKDIR.mkdir(parents=True, exist_ok=True)
+        if args.redo_stage:
+            for p in args.precisions:
+                for s in args.seeds:
+                    if redo_stage(p, s, args.redo_stage):
+                        print(f"{p}-seed{s}: stage {args.redo_stage} forgotten, to be run again", flush=True)
         todo = [(p, s) for s in args.seeds for p in args.precisions if read_run(p, s) is None]
         threads = max(1, (os.cpu_count() or 1) // args.jobs)
         with ThreadPoolExecutor(args.jobs) as pool:
