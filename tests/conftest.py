@@ -14,6 +14,21 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # test_bf16.py and the bf16 end-to-end run in tests/launch/test_end_to_end.py.
 os.environ["TRIVIUM_FAST_BF16"] = "0"
 
+# pytest-xdist (pyproject's addopts: `-n auto --dist loadfile`): each worker takes its share of the cores, and
+# so do the runs its tests start (trivium reads OMP_NUM_THREADS when runtime.num_threads is unset): two
+# processes that each take every core slow each other down many times over (docs/sharing.md).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+if _WORKERS > 1:
+    _THREADS = str(max(1, (os.cpu_count() or 1) // _WORKERS))
+    os.environ["OMP_NUM_THREADS"] = os.environ["RAYON_NUM_THREADS"] = _THREADS
+    torch.set_num_threads(int(_THREADS))
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: a worker per core, at most 4 (each worker holds its own torch, session fixtures and
+    servers; past 4 the suite's longest file, not the worker count, sets its wall time)."""
+    return max(1, min(4, os.cpu_count() or 1))
+
 
 @pytest.fixture(autouse=True)
 def _seed():

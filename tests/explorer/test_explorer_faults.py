@@ -143,8 +143,13 @@ def test_environment_faults_fail_their_episodes_and_the_hung_ones_are_stopped(en
     ]
     CountdownEnv.created = 0
     records = []
+    # hang_s 60: a hang ends only when the timeout's stop reaches it (by itself it would outlast the test)
     explorer = make(
-        engine, FaultRates(seed=4, env_raise=0.1, env_hang=0.1), records, taskset=tasks, batch_size=6
+        engine,
+        FaultRates(seed=4, env_raise=0.1, env_hang=0.1, hang_s=60),
+        records,
+        taskset=tasks,
+        batch_size=6,
     )
     metrics = explorer.explore_step(1)
     injected = metrics["faults/env_raise"] + metrics["faults/env_hang"]
@@ -155,7 +160,9 @@ def test_environment_faults_fail_their_episodes_and_the_hung_ones_are_stopped(en
     assert all(
         r["injected"] and ("env_raise" in r["reason"] or "injected hang" in r["reason"]) for r in records
     )
-    deadline = time.monotonic() + 2  # the injected hangs are stopped (within a 50 ms sleep slice)
+    # the injected hangs are stopped (within a 50 ms sleep slice once their thread runs: on a loaded machine
+    # that can take seconds, so the wait is long; a hang that is not stopped would last 60 s)
+    deadline = time.monotonic() + 20
     while [w for w, _ in hung_calls() if "CountdownEnv" in w] and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not [w for w, _ in hung_calls() if "CountdownEnv" in w]

@@ -33,17 +33,20 @@ def ray_cluster():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths have a length limit
+    old = {k: os.environ.get(k) for k in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
     # Ray >= 2.59 turns token authentication on for clusters it starts itself and leaves the token in
     # ~/.ray/auth_token; with such a file around, a driver and a `ray start` cluster disagree. This cluster,
     # and every process of the tests that joins it, runs without authentication (loopback only).
     os.environ["RAY_AUTH_MODE"] = "disabled"
     start = [str(RAY), "start", "--head", f"--port={port}", "--num-cpus=2", "--node-ip-address=127.0.0.1"]
     start += ["--object-store-memory=200000000", "--include-dashboard=false", "--disable-usage-stats"]
-    subprocess.run([*start, f"--temp-dir={temp}"], check=True, capture_output=True, timeout=120)
+    # workers at normal priority, as docs/cluster.md says to start a cluster (Ray's default, niceness 15,
+    # starved the actors beside the other test worker's runs); test_..._equal_the_local_backend checks it
+    env = {**os.environ, "RAY_worker_niceness": "0"}
     address = f"127.0.0.1:{port}"
-    old = {k: os.environ.get(k) for k in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
     os.environ["RAY_ADDRESS"] = address
     try:
+        subprocess.run([*start, f"--temp-dir={temp}"], check=True, capture_output=True, timeout=120, env=env)
         yield address
     finally:
         subprocess.run([str(RAY), "stop", "--force"], capture_output=True, timeout=120)
@@ -93,6 +96,7 @@ def test_one_engine_and_one_rank_on_ray_equal_the_local_backend(e2e, tmp_path, r
     on_ray = run(config(e2e, tmp_path, "ray", ray_cluster_cfg()))
     assert on_ray.returncode == 0, on_ray.stderr[-3000:]
     assert "Ray: joined the cluster" in on_ray.stderr and "Ray: placed grpo/rank-0 on node" in on_ray.stderr
+    assert "at niceness" not in on_ray.stderr  # the cluster was started with RAY_worker_niceness=0
     assert re.search(r"Ray: placed \S+/explorer-\d+ on node", on_ray.stderr)
     got = read_metrics(tmp_path / "runs" / "e2e" / "ray")
     got = without(got, "rollout/engine_restarts", "rollout/explorer_restarts")
@@ -292,3 +296,12 @@ def _records(run_dir):
 def _pid(log: str, actor: str) -> int:
     """The pid of ``actor`` from the run's "Ray: placed ... (pid N)" line."""
     return int(re.search(re.escape(actor) + r" on node \S+ \(pid (\d+)\)", log).group(1))
+
+
+def test_an_actor_at_a_lowered_cpu_priority_is_named_with_the_fix():
+    from trivium.launch.ray_cluster import priority_warning
+
+    assert priority_warning("grpo/rank-0", {"node": "10.0.0.2", "pid": 7, "niceness": 0}) is None
+    said = priority_warning("grpo/rank-0", {"node": "10.0.0.2", "pid": 7, "niceness": 15})
+    assert "grpo/rank-0 at niceness 15" in said and "node 10.0.0.2" in said
+    assert "RAY_worker_niceness=0 ray start" in said and "docs/cluster.md" in said

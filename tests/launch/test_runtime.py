@@ -1,13 +1,27 @@
 """runtime.num_threads and the warning about another run on the same machine."""
 
+import os
 import re
 import subprocess
 import sys
 import time
 
+import pytest
 import torch
 
-from trivium.launch.runtime import _is_trivium_run, apply_threads, other_runs
+from trivium.launch import runtime
+from trivium.launch.runtime import _is_trivium_run, apply_threads, env_threads, other_runs
+
+
+@pytest.fixture(autouse=True)
+def _restore_thread_env(monkeypatch):
+    """apply_threads writes OMP_NUM_THREADS and RAYON_NUM_THREADS for the processes a run starts: put back
+    what this test process had."""
+    for key in ("OMP_NUM_THREADS", "RAYON_NUM_THREADS"):
+        if key in os.environ:
+            monkeypatch.setenv(key, os.environ[key])
+        else:
+            monkeypatch.delenv(key, raising=False)
 
 
 def test_num_threads_is_applied_and_said(caplog):
@@ -21,7 +35,42 @@ def test_num_threads_is_applied_and_said(caplog):
         torch.set_num_threads(before)
 
 
-def test_another_trivium_run_is_found_and_named_in_a_warning(caplog):
+def test_omp_num_threads_of_the_environment_is_the_default_and_said(caplog, monkeypatch):
+    # what a job scheduler (or pytest-xdist's conftest, or a parent run) sets when the process starts
+    monkeypatch.setattr(runtime, "STARTED_WITH_THREADS", 1)
+    before = torch.get_num_threads()
+    try:
+        with caplog.at_level("INFO", logger="trivium.launch.runtime"):
+            assert apply_threads(None) == 1
+        assert torch.get_num_threads() == 1 and os.environ["OMP_NUM_THREADS"] == "1"
+        assert "(OMP_NUM_THREADS from the environment" in caplog.text
+        assert "another trivium run" not in caplog.text  # a share was given: no advice to take one
+        with caplog.at_level("INFO", logger="trivium.launch.runtime"):
+            assert apply_threads(2) == 2  # the config's value wins
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_omp_num_threads_is_read_as_openmp_writes_it():
+    assert env_threads({"OMP_NUM_THREADS": "4"}) == 4
+    assert env_threads({"OMP_NUM_THREADS": " 3,1"}) == 3  # nested levels: the outer one
+    for value in ("", "0", "-2", "four", "1.5"):
+        assert env_threads({"OMP_NUM_THREADS": value}) is None, value
+    assert env_threads({}) is None
+
+
+def test_a_run_in_the_same_process_does_not_take_the_last_runs_threads_for_the_users(monkeypatch):
+    monkeypatch.setattr(runtime, "STARTED_WITH_THREADS", None)
+    before = torch.get_num_threads()
+    try:
+        apply_threads(1)  # writes OMP_NUM_THREADS=1 for the processes that run starts
+        assert apply_threads(None) == (os.cpu_count() or 1)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_another_trivium_run_is_found_and_named_in_a_warning(caplog, monkeypatch):
+    monkeypatch.setattr(runtime, "STARTED_WITH_THREADS", None)  # as on a machine without OMP_NUM_THREADS
     # a stand-in whose command line reads like `trivium run ...` (it only sleeps)
     code = "import time; time.sleep(30)"
     other = subprocess.Popen([sys.executable, "-c", code, "trivium", "run", "-c", "x.yaml"])

@@ -15,7 +15,9 @@ class RuntimeConfig(StrictModel):
     """How this process uses the machine."""
 
     num_threads: int | None = Field(None, ge=1, le=4096)
-    """CPU threads for torch (and OpenMP / the tokenizer pool of the processes it starts). None: every core.
+    """CPU threads for torch (and OpenMP / the tokenizer pool of the processes it starts). None:
+    ``OMP_NUM_THREADS`` when the environment sets it (a job scheduler's share, or a parent run's), else every
+    core.
     Two runs on one machine that each take every core slow each other down many times over (OpenMP
     threads wait on each other; 28x measured on 2 cores): give each run cores / runs (docs/sharing.md)."""
 

@@ -11,7 +11,13 @@ Placement never hangs silently:
   cannot fit is a ``ClusterError`` naming the config field and what the cluster has;
 - a placement group or an actor that is not ready within ``cluster.start_timeout_s`` (still PENDING: the
   cluster is busy, or a node went away) is an error naming it, its request and what is free;
-- where each actor landed (node, pid) is logged.
+- where each actor landed (node, pid) is logged, with a warning when Ray runs it at a lowered CPU priority.
+
+Ray starts its worker processes at niceness 15 (``RAY_worker_niceness``), so on a node that also runs
+anything else at normal priority (another run, a data job, a test suite) trivium's engines and ranks get only
+the CPU time left over: a one-step run took minutes instead of seconds beside two busy processes on 2 cores.
+A cluster trivium starts itself runs its workers at niceness 0; one started with ``ray start`` keeps Ray's
+default unless started with ``RAY_worker_niceness=0`` (docs/cluster.md), and the placement log says so.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ log = logging.getLogger(__name__)
 __all__ = ["ClusterError", "RayCluster"]
 
 _CURRENT: RayCluster | None = None
+WORKER_NICENESS_ENV = "RAY_worker_niceness"
 
 
 class ClusterError(RuntimeError):
@@ -84,6 +91,8 @@ class RayCluster:
             "configure_logging": False,
         }
         if c.address is None:
+            # the raylet this starts reads it from this process's environment (module docstring)
+            os.environ.setdefault(WORKER_NICENESS_ENV, "0")
             ray.init(num_cpus=os.cpu_count(), **options)
         else:
             try:
@@ -210,6 +219,9 @@ class RayCluster:
         except ray.exceptions.RayError as error:
             raise ClusterError(f"actor {name} failed while starting: {_first_line(error)}") from error
         log.info("Ray: placed %s on node %s (pid %s)", name, where["node"], where["pid"])
+        warning = priority_warning(name, where)
+        if warning:
+            log.warning(warning)
         self.actors.setdefault(role, []).append(actor)
         return actor
 
@@ -274,11 +286,23 @@ def quiet_actor() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
+def priority_warning(name: str, where: dict[str, Any]) -> str | None:
+    """What to say when Ray runs actor ``name`` (``placement_info()`` in ``where``) at a lowered priority."""
+    if where.get("niceness", 0) <= 0:
+        return None
+    return (
+        f"Ray runs {name} at niceness {where['niceness']} (Ray's default for its workers): beside other work on "
+        f"node {where['node']} it gets only the CPU time left over, and may not start within "
+        f"cluster.start_timeout_s. Start the cluster with {WORKER_NICENESS_ENV}=0 in the environment "
+        f"(`{WORKER_NICENESS_ENV}=0 ray start ...`; docs/cluster.md)"
+    )
+
+
 def placement_info() -> dict[str, Any]:
     """Where the calling actor runs: for ``ready()``."""
     import ray
 
-    return {"node": ray.util.get_node_ip_address(), "pid": os.getpid()}
+    return {"node": ray.util.get_node_ip_address(), "pid": os.getpid(), "niceness": os.nice(0)}
 
 
 def _asks(resources) -> dict[str, float]:

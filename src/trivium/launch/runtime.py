@@ -21,9 +21,11 @@ __all__ = ["apply_threads", "other_runs"]
 
 
 def apply_threads(num_threads: int | None) -> int:
-    """Set this process's CPU threads (None: every core); returns the number used."""
+    """Set this process's CPU threads (None: ``OMP_NUM_THREADS`` when the environment sets it, as a job
+    scheduler or a parent process does, else every core); returns the number used."""
     cores = os.cpu_count() or 1
-    threads = num_threads or cores
+    inherited = STARTED_WITH_THREADS
+    threads = num_threads or inherited or cores
     torch.set_num_threads(threads)
     os.environ["OMP_NUM_THREADS"] = str(threads)  # for the processes this one starts
     # Intel MKL's reproducibility conditions: a fixed thread team, no run-time adjustment of its size.
@@ -31,10 +33,15 @@ def apply_threads(num_threads: int | None) -> int:
     os.environ.setdefault("MKL_DYNAMIC", "FALSE")
     os.environ.setdefault("OMP_DYNAMIC", "FALSE")
     os.environ["RAYON_NUM_THREADS"] = str(threads)  # the Rust tokenizer's pool
-    how = "runtime.num_threads" if num_threads else "every core; set runtime.num_threads to use fewer"
+    if num_threads:
+        how = "runtime.num_threads"
+    elif inherited:
+        how = "OMP_NUM_THREADS from the environment; runtime.num_threads overrides it"
+    else:
+        how = "every core; set runtime.num_threads to use fewer"
     log.info("CPU: %d thread(s) of %d core(s) (%s)", threads, cores, how)
     others = other_runs()
-    if others and num_threads is None:
+    if others and num_threads is None and inherited is None:
         pids = ", ".join(str(pid) for pid in others[:5])
         log.warning(
             "another trivium run is on this machine (pid %s) and this one takes every core: the two slow each "
@@ -45,6 +52,18 @@ def apply_threads(num_threads: int | None) -> int:
             max(1, cores // (len(others) + 1)),
         )
     return threads
+
+
+def env_threads(environ=os.environ) -> int | None:
+    """``OMP_NUM_THREADS`` when it is a positive whole number (OpenMP also allows a list for nested levels:
+    its first entry), else None."""
+    value = environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+# What this process was started with: apply_threads writes OMP_NUM_THREADS for the processes a run starts,
+# and a later run in the same process (the Python API, tests) must not take that for the user's setting.
+STARTED_WITH_THREADS = env_threads()
 
 
 def other_runs() -> list[int]:
