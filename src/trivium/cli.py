@@ -176,13 +176,19 @@ def _cmd_run(args) -> int:
     from trivium.buffer.task_reader import TaskDataError
     from trivium.launch.ranks import RankFailed
     from trivium.launch.ray_cluster import ClusterError
+    from trivium.launch.resume import ResumeRefused
     from trivium.launch.run import RunFolderExists, run
     from trivium.launch.stopping import RunStopped
     from trivium.trainer.guard import TrainingDiverged
 
     try:
         run_dir = run(run_cfg, overwrite=args.overwrite, resume=not args.no_resume)
-    except (RunFolderExists, TaskDataError, ClusterError) as exc:  # the message says what to do
+    except (
+        RunFolderExists,
+        TaskDataError,
+        ClusterError,
+        ResumeRefused,
+    ) as exc:  # the message says what to do
         print(exc, file=sys.stderr)
         return 2
     except (RankFailed, TrainingDiverged) as exc:  # the message says what happened and what to do

@@ -84,6 +84,19 @@ def test_semantic_problems_name_fields(data_dir):
     assert "did you mean 'math'?" in by_path["buffer.taskset.workflow"].fix
 
 
+def test_eval_task_set_fields_that_evaluation_ignores_are_refused(data_dir):
+    raw = base()
+    raw["buffer"]["eval_tasksets"] = [
+        {"path": "train.jsonl", "repeat_times": 4, "weight": 2.0, "shuffle": False},
+        {"path": "train.jsonl", "max_rows": 1},  # what evaluation reads is fine
+    ]
+    by_path = {p.path: p for p in problems_of(raw, data_dir).problems}
+    assert set(by_path) == {f"buffer.eval_tasksets[0].{k}" for k in ("repeat_times", "weight", "shuffle")}
+    assert by_path["buffer.eval_tasksets[0].repeat_times"].fix == "set explorer.eval.repeat_times"
+    raw["buffer"]["eval_tasksets"] = raw["buffer"]["eval_tasksets"][1:]
+    validate_raw(raw, data_dir)
+
+
 def test_unknown_workflow_field_mapping(data_dir):
     raw = base()
     raw["buffer"]["taskset"]["fields"] = {"questoin": "problem"}

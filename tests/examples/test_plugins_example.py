@@ -1,6 +1,7 @@
 """examples/plugins: every seam a user can plug into, named from YAML (plugins: or module:attr)."""
 
 import json
+import shutil
 import textwrap
 from pathlib import Path
 
@@ -33,12 +34,12 @@ def test_every_plugin_part_is_called_in_a_run(tmp_path, plugin_registries):
     cfg["checkpoint_root"] = str(tmp_path / "runs")
     cfg["monitor"] = {"progress_bar": False}
     cfg["buffer"]["total_steps"] = 1
-    path = EXAMPLE / "test_every_seam.yaml"  # next to my_plugins.py and the data, like the user's config
+    # a copy of the example folder (and of the quickstart data it reads from ../quickstart): the config next
+    # to my_plugins.py and the data, as the user's is
+    shutil.copytree(EXAMPLE.parent / "quickstart" / "data", tmp_path / "quickstart" / "data")
+    path = shutil.copytree(EXAMPLE, tmp_path / "plugins") / "test_every_seam.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    try:
-        assert cli(["run", "--config", str(path)]) == 0
-    finally:
-        path.unlink()
+    assert cli(["run", "--config", str(path)]) == 0
     records = {r["stage"]: r for r in read_metrics(tmp_path / "runs" / "plugins" / "every-seam")}
     assert "rollout/words" in records["algorithm"]  # the module:attr reward scored every sample
     assert "rollout/guesses" in records["environment"]  # the plugin environment stepped every episode

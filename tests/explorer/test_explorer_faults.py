@@ -143,6 +143,7 @@ def test_environment_faults_fail_their_episodes_and_the_hung_ones_are_stopped(en
     ]
     CountdownEnv.created = 0
     records = []
+    started = time.monotonic()
     # hang_s 60: a hang ends only when the timeout's stop reaches it (by itself it would outlast the test)
     explorer = make(
         engine,
@@ -160,9 +161,14 @@ def test_environment_faults_fail_their_episodes_and_the_hung_ones_are_stopped(en
     assert all(
         r["injected"] and ("env_raise" in r["reason"] or "injected hang" in r["reason"]) for r in records
     )
+
     # the injected hangs are stopped (within a 50 ms sleep slice once their thread runs: on a loaded machine
-    # that can take seconds, so the wait is long; a hang that is not stopped would last 60 s)
+    # that can take seconds, so the wait is long; a hang that is not stopped would last 60 s). Only this
+    # test's calls count: another test's uninterruptible 30 s sleep (CountdownEnv hang_on) may still run.
+    def mine():
+        return [w for w, age in hung_calls() if "CountdownEnv" in w and age <= time.monotonic() - started]
+
     deadline = time.monotonic() + 20
-    while [w for w, _ in hung_calls() if "CountdownEnv" in w] and time.monotonic() < deadline:
+    while mine() and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert not [w for w, _ in hung_calls() if "CountdownEnv" in w]
+    assert not mine()

@@ -68,8 +68,48 @@ def test_dynamic_sampling_refills_until_the_operators_pass_enough_groups(engine,
         dynamic_sampling=True,
         max_sampling_rounds=1,
     )
-    with pytest.raises(RuntimeError, match=r"kept 0 of 3 groups after 2 extra rounds.*\['reward_range'\]"):
+    with pytest.raises(
+        RuntimeError, match=r"kept 0 of 3 groups after 1 extra round\(s\).*\['reward_range'\]"
+    ):
         ex.explore_step(step=1)
+
+
+class DropFirst:
+    """An experience operator that drops the first ``n`` groups it is given and passes the rest."""
+
+    def __init__(self, n):
+        self.left = n
+
+    def names(self):
+        return ["drop_first"]
+
+    def __call__(self, groups):
+        dropped = min(self.left, len(groups))
+        self.left -= dropped
+        return groups[dropped:], {"ops/drop_first/dropped": float(dropped)}
+
+
+def test_dynamic_sampling_samples_more_tasks_until_batch_size_groups_pass(engine, word_problem_dir):
+    def dropping_explorer(max_rounds):
+        ops = DropFirst(4)
+        return explorer(
+            engine, feed(word_problem_dir, "shuffle"), experience_ops=ops, dynamic_sampling=True,
+            max_sampling_rounds=max_rounds,
+        )  # fmt: skip
+
+    # batch 3: round 0 samples 3 tasks (all dropped), extra round 1 samples 3 (1 dropped, 2 kept), extra
+    # round 2 samples the 1 task still missing
+    ex = dropping_explorer(2)
+    metrics = ex.explore_step(step=1)
+    assert metrics["rollout/tasks"] == 7 and metrics["rollout/groups"] == 7
+    assert metrics["rollout/extra_rounds"] == 2 and metrics["ops/drop_first/dropped"] == 4
+    assert metrics["rollout/experiences"] == 12  # batch_size 3 groups x 4 samples, no more
+    queued = ex.queue.get(12)
+    assert len({e.group_id for e in queued}) == 3 and all(len(e.tokens) for e in queued)
+    # one extra round fewer allowed: the step fails and says how many extra rounds ran
+    short = dropping_explorer(1)
+    with pytest.raises(RuntimeError, match=r"kept 2 of 3 groups after 1 extra round\(s\)"):
+        short.explore_step(step=1)
 
 
 def test_the_old_dynamic_sampling_flag_alone_is_the_zero_variance_operator(engine, word_problem_dir):

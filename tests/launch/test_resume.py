@@ -95,3 +95,21 @@ def test_a_checkpoint_that_needs_code_to_load_is_refused(tmp_path, capsys):
     with pytest.raises(RuntimeError, match=r"trainer_state\.pt cannot be loaded as plain tensors"):
         point.trainer_state()
     assert "code ran" not in capsys.readouterr().out
+
+
+def test_a_resume_across_one_process_and_several_ranks_is_refused_before_anything_loads(tmp_path):
+    from trivium.launch.resume import ResumePoint, ResumeRefused, check_strategy
+
+    single = ResumePoint(0, "sft", 3, 3, 3, tmp_path / "step_3", strategy="single", world_size=1)
+    with pytest.raises(ResumeRefused) as refused:
+        check_strategy(single, "ddp", 2)
+    said = str(refused.value)
+    assert "written by trainer.strategy single on 1 rank(s)" in said and "ddp on 2" in said
+    assert "trainer.strategy single and trainer.world_size 1" in said
+    assert f"model.path={tmp_path / 'step_3' / 'model'}" in said
+    sharded = ResumePoint(0, "sft", 3, 3, 3, tmp_path, strategy="fsdp2", world_size=2)
+    with pytest.raises(ResumeRefused, match="fsdp2 on 2 rank"):
+        check_strategy(sharded, "single", 1)
+    check_strategy(sharded, "fsdp2", 1)  # shards reshard to another world size
+    check_strategy(sharded, "ddp", 4)
+    check_strategy(single, "single", 1)

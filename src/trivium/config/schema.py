@@ -143,12 +143,13 @@ class ExplorerConfig(StrictModel):
 
 class TaskSetConfig(TaskSourceFields):
     path: str = ""
-    """JSON, JSONL, Parquet or CSV file (or a folder of them), a datasets.save_to_disk folder, or a Hugging
-    Face dataset id or loading script (relative to the config file's folder; docs/data.md)."""
+    """A JSON, JSONL or Parquet file or a folder of them, a CSV file, a datasets.save_to_disk folder, or a
+    Hugging Face dataset id (relative to the config file's folder; docs/data.md). Dataset loading scripts
+    (.py) are refused: the installed datasets library no longer runs them."""
     name: str = ""
     """Name used in task ids, metrics and errors; defaults to the file stem."""
     split: str = "train"
-    """The split of a Hugging Face dataset (id, script or save_to_disk folder); files are one split."""
+    """The split of a Hugging Face dataset (id or save_to_disk folder); files are one split."""
     fields: dict[str, str] = Field(default_factory=dict)
     """Map from the workflow's field name to the column in the file, e.g. {question: problem}."""
     workflow: str = "math"

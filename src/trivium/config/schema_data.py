@@ -28,8 +28,7 @@ class TaskSourceFields(StrictModel):
     weight: float = Field(1.0, gt=0)
     """Share of the tasks drawn from this set when buffer.tasksets lists several (normalised over the list)."""
     subset: str | None = None
-    """Hugging Face dataset configuration (datasets.load_dataset's name) when path is a hub id or a loading
-    script."""
+    """Hugging Face dataset configuration (datasets.load_dataset's name) when path is a hub id."""
     revision: str | None = None
     """Hugging Face dataset revision (branch, tag or commit) when path is a hub id."""
     task_ops: list[OperatorConfig] = Field(default_factory=list)

@@ -374,6 +374,8 @@ def _check_data(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
         tasksets.append(("buffer.taskset", buf.taskset))
     tasksets += extra_tasksets(cfg)
     tasksets += [(f"buffer.eval_tasksets[{i}]", ts) for i, ts in enumerate(buf.eval_tasksets)]
+    for i, ts in enumerate(buf.eval_tasksets):
+        out += _eval_taskset_problems(f"buffer.eval_tasksets[{i}]", ts, at)
     for path, ts in tasksets:
         if not ts.path:
             out.append(Problem(at(path + ".path"), ts.path, "a task set needs a file", "set its path"))
@@ -459,3 +461,27 @@ def _check_taskset_parts(path: str, ts: TaskSetConfig, at) -> list[Problem]:
                 )
             )
     return out
+
+
+# fields of a task set that mean nothing for evaluation, and what decides instead
+_EVAL_IGNORES = {
+    "repeat_times": (
+        "evaluation samples each task explorer.eval.repeat_times times",
+        "set explorer.eval.repeat_times",
+    ),
+    "weight": ("every eval task set is evaluated whole; weight mixes training task sets", "remove it"),
+    "shuffle": (
+        "evaluation reads every row once, in file order",
+        "remove it (max_rows takes the first N rows)",
+    ),
+}
+
+
+def _eval_taskset_problems(path: str, ts: TaskSetConfig, at) -> list[Problem]:
+    """An eval task set's fields that evaluation does not read are refused, not silently ignored (when set to
+    other than their default: stages see every field filled in)."""
+    return [
+        Problem(at(f"{path}.{name}"), getattr(ts, name), rule, fix)
+        for name, (rule, fix) in _EVAL_IGNORES.items()
+        if getattr(ts, name) != TaskSetConfig.model_fields[name].default
+    ]

@@ -165,14 +165,14 @@ class Explorer:
             kept += round_groups
             if not self.dynamic_sampling or len(kept) >= self.batch_size:
                 break
-            rounds += 1
-            if self.max_sampling_rounds and rounds > self.max_sampling_rounds:
+            if self.max_sampling_rounds and rounds >= self.max_sampling_rounds:
                 raise RuntimeError(
-                    f"dynamic sampling kept {len(kept)} of {self.batch_size} groups after {rounds} extra rounds "
+                    f"dynamic sampling kept {len(kept)} of {self.batch_size} groups after {rounds} extra round(s) "
                     f"({dropped} groups dropped by the experience operators {self.experience_ops.names()}, e.g. "
                     "all-equal rewards): the tasks are too easy or too hard for the model, or the filters too "
                     "strict. Raise algorithm.dynamic_sampling.max_rounds (0 = unlimited) or turn it off."
                 )
+            rounds += 1
         experiences = [e for group in kept[: self.batch_size] for e in group]
         gen_seconds = time.perf_counter() - t0
         engine_seconds = getattr(self.model, "engine_seconds", 0.0) - engine_s0
@@ -197,6 +197,7 @@ class Explorer:
                 "rollout/model_version": float(version),
                 "rollout/groups": float(groups_seen),
                 "rollout/informative_groups": float(informative),
+                **({"rollout/extra_rounds": float(rounds)} if self.dynamic_sampling else {}),
                 **op_metrics,
                 **self.model.metrics(),
             }

@@ -16,15 +16,26 @@ log = logging.getLogger(__name__)
 
 
 def find_checkpoints(folder: Path, which: str) -> list[Path]:
-    """``model`` folders of ``step_N`` checkpoints under ``folder`` (any depth), oldest first by step."""
+    """``model`` folders of ``step_N`` checkpoints under ``folder`` (any depth), oldest first: by the run's
+    global step where the checkpoint's ``meta.json`` has it (a later stage's ``grpo/step_100`` comes after
+    ``sft/step_800``), else by N. Not by file time: a copied or restored folder has new times."""
     if which == "none" or not folder.exists():
         return []
     found = sorted(
         (p for p in folder.rglob("step_*") if (p / "model").is_dir() and p.name[5:].isdigit()),
-        key=lambda p: (p.stat().st_mtime, int(p.name[5:])),
+        key=lambda p: (_global_step(p), str(p)),
     )
     models = [p / "model" for p in found]
     return models[-1:] if which == "latest" else models
+
+
+def _global_step(checkpoint: Path) -> int:
+    from trivium.trainer.checkpoint import META_FILE
+
+    try:
+        return int(json.loads((checkpoint / META_FILE).read_text())["global_step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return int(checkpoint.name[5:])
 
 
 def bench_models(cfg, run_dir: Path) -> list[tuple[str, str]]:

@@ -241,15 +241,13 @@ def _minibatches(cfg: TriviumConfig) -> int:
     return batch // cfg.trainer.mini_batch_size if cfg.trainer.mini_batch_size else 1
 
 
-def kl_controller(cfg):
-    """The reward KL penalty's β controller, or None when the penalty is off."""
-    from trivium.algorithm.rewards_shaping import AdaptiveKLController, FixedKLController
+def kl_penalty_controller(cfg):
+    """``algorithm.kl_penalty``'s β controller (the algorithm's one factory), or None when it is off."""
+    from trivium.algorithm.rewards_shaping import kl_controller
 
     if cfg.coef <= 0:
         return None
-    if cfg.adaptive:
-        return AdaptiveKLController(value=cfg.coef, target=cfg.target_kl, horizon=cfg.horizon)
-    return FixedKLController(value=cfg.coef)
+    return kl_controller(cfg.coef, adaptive=cfg.adaptive, target=cfg.target_kl, horizon=cfg.horizon)
 
 
 def sample_strategy(cfg: TriviumConfig, tokenizer):
@@ -331,7 +329,7 @@ def make_trainer(cfg: TriviumConfig, model: torch.nn.Module, pad_token_id: int, 
         reference_is_base=base_is_reference,
         teacher_model=load_auxiliary(cfg, a.teacher) if preset.needs_teacher else None,
         critic=make_critic(cfg, model, total) if preset.needs_critic else None,
-        kl_penalty=kl_controller(a.kl_penalty),
+        kl_penalty=kl_penalty_controller(a.kl_penalty),
         kl_penalty_estimator=a.kl_penalty.estimator,
         overlong=a.overlong_penalty if a.overlong_penalty.enabled else None,
         seed=cfg.seed,

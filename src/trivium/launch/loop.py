@@ -26,7 +26,7 @@ import torch
 from trivium.config.load import Stage
 from trivium.faults import maybe_die
 from trivium.launch import build
-from trivium.launch.resume import ResumePoint
+from trivium.launch.resume import ResumePoint, check_strategy
 from trivium.launch.stopping import RunStopped, StopRequests
 from trivium.monitor.metrics import MetricsWriter, Progress
 from trivium.monitor.phases import PEAK_RSS, close_step
@@ -57,6 +57,7 @@ class RunState:
         point, self.resume = self.resume, None
         if point is None:
             return 0, None, None
+        check_strategy(point, cfg.trainer.strategy, cfg.trainer.world_size)
         self.model, self.tokenizer = build.load_policy(str(point.path / "model"), cfg)
         self.global_step, self.version = point.global_step, point.version
         saved = point.trainer_state()
@@ -68,8 +69,8 @@ class RunState:
         if (point.strategy, point.world_size) != (t.strategy, t.world_size):
             log.warning(
                 "the checkpoint was written by trainer.strategy %s on %d rank(s); this run trains with %s on %d: "
-                "the optimizer state is resharded on load (torch.distributed.checkpoint), the weights come "
-                "from its model/ folder",
+                "the optimizer state is resharded on load (torch.distributed.checkpoint shards), the weights "
+                "come from its model/ folder",
                 point.strategy,
                 point.world_size,
                 t.strategy,

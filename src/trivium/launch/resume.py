@@ -37,6 +37,26 @@ class ResumePoint:
         return load_state_file(self.path / "trainer_state.pt")
 
 
+class ResumeRefused(RuntimeError):
+    """A checkpoint that this run, as configured, cannot continue from; the message says how to."""
+
+
+def check_strategy(point: ResumePoint, strategy: str, world_size: int) -> None:
+    """Refuse, before anything loads, a resume across one process and several ranks: the optimizer state of a
+    ``single`` checkpoint is one file, that of ``ddp``/``fsdp2`` torch.distributed.checkpoint shards, and only
+    the latter reshard to another world size."""
+    if (point.strategy == "single") == (strategy == "single"):
+        return
+    raise ResumeRefused(
+        f"{point.path} was written by trainer.strategy {point.strategy} on {point.world_size} rank(s), and this "
+        f"run trains stage {point.stage} with {strategy} on {world_size}: a checkpoint's optimizer state moves "
+        "between world sizes of ddp and fsdp2 (torch.distributed.checkpoint reshards it), not between one "
+        f"process and several ranks. Continue with trainer.strategy {point.strategy} and trainer.world_size "
+        f"{point.world_size}, or start a new run (--set name=...) from its weights: model.path="
+        f"{point.path / 'model'}"
+    )
+
+
 def load_state_file(path: Path) -> dict[str, Any]:
     """``torch.load(path, weights_only=True)``, with an error that names the file when it holds more."""
     try:

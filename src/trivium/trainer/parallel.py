@@ -20,7 +20,8 @@ one row with weight 0 (a wasted forward, only when a mini-batch has fewer rows t
 - ``fsdp2``: ``fully_shard`` per decoder layer and on the root: parameters, gradients and optimizer state
   sharded over ranks; gradients reduce-scattered (summed).
 
-Not here: tensor or pipeline parallelism, several machines (part 2, Ray), mixed precision (issue 14).
+Not here: tensor or pipeline parallelism. Several machines: the ranks as Ray actors (launch/ray_trainer.py);
+mixed precision: `trainer.precision` (trainer/precision.py).
 """
 
 from __future__ import annotations
