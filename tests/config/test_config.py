@@ -153,6 +153,26 @@ def test_overrides_parse_values_and_index_lists():
         apply_overrides(raw, ["trainer.lr"])
 
 
+@pytest.mark.parametrize(
+    "trainer, field",
+    [
+        ({"betas": [1e59, 0.98]}, "trainer.betas[0]"),  # torch: "Invalid beta parameter" traceback
+        ({"betas": [0.9, -1.98]}, "trainer.betas[1]"),
+        ({"lr": 1e18}, "trainer.lr"),  # ran to rc 0 with weights near 1e18 and a NaN loss
+    ],
+)
+def test_optimizer_values_torch_refuses_or_that_wreck_the_model_are_config_errors(data_dir, trainer, field):
+    (problem,) = problems_of(base(trainer=trainer), data_dir).problems
+    assert problem.path == field
+
+
+def test_a_quoted_override_stays_text(data_dir):
+    out = apply_overrides({}, ['name="123"', "project='1e-5'", "seed=123", "trainer.lr=1e-5"])
+    assert (out["name"], out["project"], out["seed"], out["trainer"]["lr"]) == ("123", "1e-5", 123, 1e-5)
+    run = validate_raw({**base(), **apply_overrides({}, ['name="123"'])}, data_dir)
+    assert run.config.name == "123"  # was refused: "Input should be a valid string"
+
+
 def test_quickstart_config_is_valid():
     run = load_config(QUICKSTART)
     assert [s.name for s in run.stages] == ["sft", "grpo"]

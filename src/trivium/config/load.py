@@ -122,12 +122,13 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 
 
 def _parse_value(text: str) -> Any:
-    """YAML value, with numbers YAML 1.1 reads as strings (``1e-5``) turned into floats. Text starting with
-    ``@`` or a backtick (characters YAML reserves) is a string: ``--set model.path=@org/model``."""
+    """YAML value, with unquoted numbers YAML 1.1 reads as strings (``1e-5``) turned into floats; a quoted
+    value stays text (``--set 'name="123"'``). Text starting with ``@`` or a backtick (characters YAML
+    reserves) is a string: ``--set model.path=@org/model``."""
     if text.lstrip().startswith(("@", "`")):
         return text.strip()
     value = safe_yaml(text)
-    if isinstance(value, str):
+    if isinstance(value, str) and not text.strip().startswith(("'", '"')):
         try:
             return float(value) if any(c in value.lower() for c in ".e") else int(value)
         except ValueError:

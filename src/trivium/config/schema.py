@@ -8,7 +8,7 @@ Checks that involve several fields or the outside world (files, registries) live
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -28,6 +28,9 @@ from trivium.config.schema_run import (  # noqa: F401 (re-exported)
     MonitorConfig,
     RuntimeConfig,
 )
+
+MAX_LR = 1.0  # AdamW's step is about lr per weight: above 1 no model survives a step
+AdamBeta = Annotated[float, Field(ge=0.0, lt=1.0)]
 
 
 class TinyModelConfig(StrictModel):
@@ -285,8 +288,8 @@ class KLPenaltyConfig(StrictModel):
 class CriticConfig(StrictModel):
     path: str | None = None
     """Base model of the critic (a value head is added); None = the policy's starting weights."""
-    lr: float = Field(1e-4, gt=0.0)
-    """Critic learning rate (its own AdamW)."""
+    lr: float = Field(1e-4, gt=0.0, le=MAX_LR)
+    """Critic learning rate (its own AdamW; at most 1, as trainer.lr)."""
     value_clip: float = Field(0.5, ge=0.0)
     """ε_V of the clipped value loss."""
     warmup_steps: int = Field(0, ge=0, le=STEPS_MAX)
@@ -365,12 +368,13 @@ class TrainerConfig(StrictModel):
     world_size: int = Field(1, ge=1, le=1024)
     """Trainer ranks (processes) that `trivium run` starts on this machine for ddp or fsdp2: one per GPU on
     CUDA, one per group of cores on CPU. The explorer stays one process (rank 0's)."""
-    lr: float = Field(1e-4, gt=0.0)
-    """Peak AdamW learning rate."""
+    lr: float = Field(1e-4, gt=0.0, le=MAX_LR)
+    """Peak AdamW learning rate (at most 1: AdamW moves each weight by about lr a step, so a larger one only
+    wrecks the model)."""
     weight_decay: float = Field(0.0, ge=0.0)
     """AdamW decoupled weight decay."""
-    betas: tuple[float, float] = (0.9, 0.999)
-    """AdamW betas."""
+    betas: tuple[AdamBeta, AdamBeta] = (0.9, 0.999)
+    """AdamW betas, each in [0, 1) (torch refuses others)."""
     lr_scheduler: Literal["constant", "cosine", "linear"] = "constant"
     """Learning-rate schedule after warm-up."""
     warmup_steps: int = Field(0, ge=0, le=STEPS_MAX)
