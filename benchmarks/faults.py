@@ -39,6 +39,12 @@ QUICKSTART = REPO / "examples" / "quickstart" / "grpo_word_problems.yaml"
 DATA = REPO / "examples" / "quickstart" / "data"
 
 
+def grpo_shape() -> tuple[int, int]:
+    """Tasks per step and samples per task of the quickstart's GRPO stage, which these runs use."""
+    grpo = yaml.safe_load(QUICKSTART.read_text())["stages"][1]["buffer"]
+    return grpo["batch_size"], grpo["taskset"]["repeat_times"]
+
+
 def config(model: Path, work: Path, name: str, seed: int, args, faults: dict | None) -> Path:
     cfg = yaml.safe_load(QUICKSTART.read_text())
     grpo = cfg["stages"][1]
@@ -123,8 +129,6 @@ def main() -> int:
         help="keep the recorded rows of other seeds (run with the same settings) in the results files",
     )
     args = ap.parse_args()
-    grpo_buffer = yaml.safe_load(QUICKSTART.read_text())["stages"][1]["buffer"]  # for the results' title
-    args.tasks_per_step, args.group = grpo_buffer["batch_size"], grpo_buffer["taskset"]["repeat_times"]
     sys.path.insert(0, str(REPO / "benchmarks"))
     from engines import quickstart_model
 
@@ -160,9 +164,10 @@ def main() -> int:
 
 
 def markdown(rows: list[dict], args) -> str:
+    tasks, group = grpo_shape()
     lines = [
         f"# benchmarks/faults.py ({time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores, {args.steps} GRPO "
-        f"steps of {args.tasks_per_step} x {args.group}, workflow_timeout_s {args.timeout:g}, max_retries {args.retries}, "
+        f"steps of {tasks} x {group}, workflow_timeout_s {args.timeout:g}, max_retries {args.retries}, "
         f"runtime.num_threads {args.threads})",
         "",
         "| run | seed | greedy accuracy start → final | injected raises + hangs (per attempt) | retries | "

@@ -65,6 +65,12 @@ def sft_model(work: Path, steps: int) -> Path:
     return done
 
 
+def grpo_shape() -> tuple[int, int]:
+    """Tasks per step and samples per task of the quickstart's GRPO stage, which these runs use."""
+    grpo = yaml.safe_load(QUICKSTART.read_text())["stages"][1]["buffer"]
+    return grpo["batch_size"], grpo["taskset"]["repeat_times"]
+
+
 def grpo_config(model: Path, work: Path, name: str, seed: int, selector: str, args) -> Path:
     cfg = _absolute(yaml.safe_load(QUICKSTART.read_text()))
     grpo = cfg["stages"][1]
@@ -131,8 +137,6 @@ def main() -> int:
     ap.add_argument("--tag", default="", help="suffix of the results files and run names")
     ap.add_argument("--model", default="", help="start GRPO from this model folder instead of the SFT run")
     args = ap.parse_args()
-    grpo_buffer = yaml.safe_load(QUICKSTART.read_text())["stages"][1]["buffer"]  # for the results' title
-    args.tasks_per_step, args.group = grpo_buffer["batch_size"], grpo_buffer["taskset"]["repeat_times"]
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     model = Path(args.model).resolve() if args.model else sft_model(work, args.sft_steps)
@@ -171,10 +175,11 @@ def model_note(args) -> str:
 
 
 def markdown(rows: list[dict], args) -> str:
+    tasks, group = grpo_shape()
     steps = sorted({s for r in rows for s, _ in r["curve"]})
     lines = [
         f"# benchmarks/selection.py ({time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores, {args.steps} GRPO "
-        f"steps of {args.tasks_per_step} tasks x {args.group} samples, {args.max_rows or 'all'} train tasks, from {model_note(args)})",
+        f"steps of {tasks} tasks x {group} samples, {args.max_rows or 'all'} train tasks, from {model_note(args)})",
         "",
         "| selector | seed | groups with reward variance | mean train reward | "
         + " | ".join(f"acc@{s}" for s in steps)

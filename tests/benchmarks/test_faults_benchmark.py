@@ -27,9 +27,12 @@ def test_a_faulty_pair_member_reports_its_failures_and_trains_every_good_experie
     faults = {"workflow_raise": 0.3, "workflow_hang": 0.05}
     path = bench.config(tiny_model_dir, tmp_path, "faulty-s0", 0, args, faults)
     row = bench.run(path, tmp_path / "bench-faults" / "faulty-s0")
-    assert row["steps"] == 2 and row["tasks"] == 2 * 16
+    tasks, group = bench.grpo_shape()  # the quickstart's GRPO stage: tasks per step, samples per task
+    assert row["steps"] == 2 and row["tasks"] == 2 * tasks
     assert row["failed_tasks"] == row["injected_raise"] + row["injected_hang"] == row["failure_records"] > 0
-    assert row["experiences_sampled"] == row["experiences_trained"] == 8 * (32 - row["failed_tasks"])
+    assert (
+        row["experiences_sampled"] == row["experiences_trained"] == group * (2 * tasks - row["failed_tasks"])
+    )
     assert 0 <= row["start_accuracy"] <= 1 and 0 <= row["final_accuracy"] <= 1
     row.update(kind="faulty", seed=0, load_before="0", load_after="0")
     clean = {**row, "kind": "clean", "final_accuracy": row["final_accuracy"] + 0.02}

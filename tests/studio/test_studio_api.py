@@ -4,6 +4,7 @@ fit the run's state, the access token, and a run launched, watched and finished.
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -130,3 +131,46 @@ def test_the_doctor_explains_a_config_and_refuses_an_invalid_one(studio):
     assert "grpo" in text and "experiences per step" in text.lower() and "MiB" in text
     bad = studio.http.post("/api/doctor", json={"text": "trainer:\n  lr: -1\n"})
     assert bad.status_code == 422 and any(p["path"] == "trainer.lr" for p in bad.json()["problems"])
+
+
+def test_an_empty_answer_is_never_written_as_rejected(tmp_path):
+    """The preference reader refuses empty text, so a pair with an empty rejected answer would stop the DPO
+    run that reads the annotations: such answers are left out, and a group with nothing else is refused."""
+    from trivium.studio.annotate import pending_items, write_pick
+    from trivium.studio.files import Guard
+
+    run = tmp_path / "runs" / "p" / "r"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("")
+    chat = [{"role": "user", "content": "2+2?"}]
+    rows = [(1, 0, "#### 4"), (1, 1, ""), (1, 2, "#### 5"), (2, 0, "#### 4"), (2, 1, " ")]
+    (run / "trajectories.jsonl").write_text(
+        "".join(
+            json.dumps(
+                {
+                    "global_step": 1,
+                    "group_id": g,
+                    "run_index": i,
+                    "messages": chat,
+                    "response": text,
+                    "reward": 0.0,
+                }
+            )
+            + "\n"
+            for g, i, text in rows
+        )
+    )
+    guard = Guard.of(tmp_path / "runs", [tmp_path / "configs"])
+    done = write_pick(guard, "p/r", "1:1", chosen=0)
+    assert (done["pairs"], done["empty_left_out"]) == (1, 1)
+    written = [json.loads(x) for x in Path(done["file"]).read_text().splitlines()]
+    assert [(p["chosen"], p["rejected"]) for p in written] == [("#### 4", "#### 5")]
+    assert pending_items(guard, "p/r")["items"] == []  # 1:1 is done; 1:2 has one answer with text
+    with pytest.raises(FileNotFoundError, match="no group '1:2'"):
+        write_pick(guard, "p/r", "1:2", chosen=0)
+    # an edit equal to the only other answer with text leaves nothing to pair against
+    (run / "trajectories.jsonl").write_text(
+        (run / "trajectories.jsonl").read_text().replace('"group_id": 1', '"group_id": 3')
+    )
+    with pytest.raises(ValueError, match="nothing to pair it against"):
+        write_pick(guard, "p/r", "1:3", chosen=0, edited="#### 5")

@@ -34,6 +34,14 @@ def browser():
         b.close()
 
 
+def open_page(browser, **options):
+    """A page whose waits last up to 2 min (playwright's default is 30 s): each returns as soon as its
+    condition holds, and on a loaded 2-core machine a Studio request behind a training run can take longer."""
+    page = browser.new_page(**options)
+    page.set_default_timeout(120_000)
+    return page
+
+
 def shots(tmp_path) -> Path:
     folder = Path(os.environ.get("TRIVIUM_STUDIO_SCREENSHOTS") or tmp_path / "shots")
     folder.mkdir(parents=True, exist_ok=True)
@@ -47,7 +55,7 @@ def test_build_a_config_launch_it_and_watch_it_learn(studio, browser, tmp_path):
     short = "stages.0.buffer.total_steps=20; stages.0.trainer.warmup_steps=2; stages.1.buffer.total_steps=6"
     run_id, run_dir = "quickstart/word-problems", studio.root / "quickstart" / "word-problems"
     out = shots(tmp_path)
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page = open_page(browser, viewport={"width": 1400, "height": 1000})
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
 
@@ -132,7 +140,9 @@ def test_build_a_config_launch_it_and_watch_it_learn(studio, browser, tmp_path):
     page.screenshot(path=str(out / "annotate.png"))
     for _ in range(3):
         key = page.locator("#annotate [data-key]").get_attribute("data-key")
-        page.keyboard.press("1")
+        # the first answer with text (an empty sampled answer is refused as the chosen one, rightly)
+        texts = page.locator("#annotate [data-answer] pre").all_inner_texts()
+        page.keyboard.press(str(next(i for i, t in enumerate(texts, 1) if t.strip())))
         page.wait_for_function(f"!document.querySelector('#annotate [data-key=\"{key}\"]')")
     pairs = [
         json.loads(x)
@@ -190,7 +200,7 @@ def test_reward_serve_calls_by_keyboard_and_view_the_buffer(studio, browser, tin
     from trivium.buffer.storage_sql import SqlStorage
 
     out = shots(tmp_path)
-    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page = open_page(browser, viewport={"width": 1400, "height": 900})
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     with serving_run(studio, tiny_model_dir, tmp_path) as info:

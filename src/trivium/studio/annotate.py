@@ -4,8 +4,8 @@ the better one, and each pick becomes preference pairs in a JSONL file that DPO 
 message the answers were sampled for; a ``system`` column keeps the system prompt for reference).
 
 The answers come from the run's ``trajectories.jsonl`` (single-turn samples keep their chat in it): the
-samples of one group share a prompt. A group is offered once it has two different answers and is not in
-the output file yet.
+samples of one group share a prompt. A group is offered once it has two different answers with text and is
+not in the output file yet.
 """
 
 from __future__ import annotations
@@ -50,7 +50,10 @@ def _groups(guard: Guard, run_id: str) -> dict[str, dict[str, Any]]:
             },
         )
         g["answers"].append({"run_index": r["run_index"], "text": r["response"], "reward": r["reward"]})
-    return {k: g for k, g in groups.items() if len({a["text"] for a in g["answers"]}) >= 2}
+    # offered once two different answers have text (an empty one is never a side of a pair: write_pick)
+    return {
+        k: g for k, g in groups.items() if len({a["text"] for a in g["answers"] if a["text"].strip()}) >= 2
+    }
 
 
 def _done(path: Path) -> set[str]:
@@ -77,7 +80,9 @@ def pending_items(guard: Guard, run_id: str) -> dict[str, Any]:
 
 
 def write_pick(guard: Guard, run_id: str, key: str, chosen: int, edited: str | None = None) -> dict[str, Any]:
-    """Pairs (chosen answer, or its edit, against every other different answer of group ``key``)."""
+    """Pairs (chosen answer, or its edit, against every other different answer of group ``key``). An empty
+    answer is never written as rejected: the preference reader refuses empty text (it would stop the DPO run
+    that reads the file); how many were left out is returned."""
     groups = _groups(guard, run_id)
     if key not in groups:
         raise FileNotFoundError(f"run {run_id} has no group {key!r} with two different recorded answers")
@@ -103,8 +108,14 @@ def write_pick(guard: Guard, run_id: str, key: str, chosen: int, edited: str | N
             },
         }
         for a in g["answers"]
-        if a["run_index"] != chosen and a["text"] != text
+        if a["run_index"] != chosen and a["text"] != text and a["text"].strip()
     ]
+    empty = sum(a["run_index"] != chosen and not a["text"].strip() for a in g["answers"])
+    if not rows:
+        raise ValueError(
+            f"group {key}: no other answer differs from the chosen one and has text ({empty} empty), so there "
+            "is nothing to pair it against: skip it (s)"
+        )
     path = annotation_file(guard, run_id)
     with _LOCK:
         if key in _done(path):
@@ -114,4 +125,4 @@ def write_pick(guard: Guard, run_id: str, key: str, chosen: int, edited: str | N
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a", encoding="utf-8") as f:
             f.write("".join(json.dumps(r) + "\n" for r in rows))
-    return {"file": str(path), "pairs": len(rows)}
+    return {"file": str(path), "pairs": len(rows), "empty_left_out": empty}
