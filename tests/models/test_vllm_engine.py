@@ -550,6 +550,9 @@ def test_vllm_engines_in_ray_actors(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr[-4000:]
     assert "Ray: placed codes/engines-" in result.stderr and "/explorer-0 on node" in result.stderr
+    # one vLLM engine actor for both stages: the GRPO stage takes over the SFT stage's (its eval's)
+    assert result.stderr.count("Ray: placed codes/engines-") == 1, result.stderr[-4000:]
+    assert "samples from the 1 rollout engine(s) of the stage before" in result.stderr
     grpo = [r for r in read_metrics(tmp_path / "runs" / "e2e" / "codes") if r["stage"] == "grpo"]
     assert len(grpo) == 4 and all("sync/checksum_seconds" in r for r in grpo)
     assert max(r["mismatch/logprob_abs_max"] for r in grpo) < 1e-3

@@ -52,7 +52,10 @@ def shots(tmp_path) -> Path:
 @pytest.mark.slow
 def test_build_a_config_launch_it_and_watch_it_learn(studio, browser, tmp_path):
     config = quickstart_config(studio.configs)
-    short = "stages.0.buffer.total_steps=20; stages.0.trainer.warmup_steps=2; stages.1.buffer.total_steps=6"
+    short = (
+        "stages.0.buffer.total_steps=20; stages.0.trainer.warmup_steps=2; stages.1.buffer.total_steps=6; "
+        "stages.1.buffer.batch_size=16"  # half the quickstart's GRPO batch: the charts need steps, not size
+    )
     run_id, run_dir = "quickstart/word-problems", studio.root / "quickstart" / "word-problems"
     out = shots(tmp_path)
     page = open_page(browser, viewport={"width": 1400, "height": 1000})

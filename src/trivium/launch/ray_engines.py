@@ -15,11 +15,19 @@ restarted engine's sampling RNG starts afresh: a run with a restart is not bit-r
 With the explorer as an actor (``ray_explorer.py``), two pools share the engine actors: the driver's
 loads each sync's weights (``update_weights``), the explorer actor's samples and is told which weights are
 the newest (``follow``), so either can bring a restarted engine back.
+
+The engine actors outlive their stage when the next stage asks for the same engines (``engines_spec``
+equal: engine type, count, resources, dtypes, seed, model): the next stage's pool takes them over and loads
+its starting weights into them, as the in-process vLLM engine is shared between stages
+(``VllmEngine.for_policy``). Starting an engine is the slow part (a vLLM engine: ~40 s on a 2-core CPU,
+minutes for a large model on a GPU); between stages that ask for different engines, or before a stage
+without a rollout model, the old ones are killed so their resources are free (``launch/run.py``).
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -32,9 +40,30 @@ from trivium.sync.weights import WeightSyncError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EngineActor", "EnginePool"]
+__all__ = ["EngineActor", "EnginePool", "engines_spec"]
 
 _POOLS = itertools.count()  # engine actor names stay unique within a run's namespace
+_LIVE: dict[
+    str, Any
+] = {}  # the engine actors now running: {"key": what they were started for, "actors": [...]}
+
+
+def engines_spec(cfg) -> str:
+    """What a stage's engine actors are, as a comparable string: two stages with the same spec can share
+    the actors (the policy's architecture is compared too, when the pool starts)."""
+    r = cfg.explorer.rollout
+    fields = {
+        "engine_num": cfg.explorer.engine_num,
+        "resources": cfg.cluster.engine.model_dump(),
+        "max_restarts": cfg.cluster.max_restarts,
+        "seed": cfg.seed,
+        "model": cfg.model.model_dump(),
+        "rollout": r.model_dump(
+            include={"engine_type", "dtype", "autocast_dtype", "vllm_kv_cache_gb",
+                     "vllm_gpu_memory_utilization", "vllm_enforce_eager"}
+        ),
+    }  # fmt: skip
+    return json.dumps(fields, sort_keys=True, default=str)
 
 
 class EngineActor:
@@ -63,6 +92,13 @@ class EngineActor:
 
     def ready(self) -> dict[str, Any]:
         return placement_info()
+
+    def reseed(self, seed: int) -> None:
+        """Sample from ``seed`` on, as a newly started engine would (a later stage took this actor over). A
+        vLLM engine keeps its one engine seed's stream (it takes no other), as in-process between stages."""
+        generator = getattr(self.engine, "generator", None)
+        if generator is not None:
+            generator.manual_seed(seed)
 
     def generate(self, prompts, params: SamplingParams) -> list[list[Generation]]:
         return self.engine.generate(prompts, params)
@@ -108,8 +144,28 @@ class EnginePool:
         from trivium.models.protocol import eos_token_ids
 
         n = cfg.explorer.engine_num
-        cluster.check_fits([Request("cluster.engine", cfg.cluster.engine, n)])
         r = cfg.explorer.rollout
+        architecture = {k: v for k, v in policy.config.to_dict().items() if k != "_name_or_path"}
+        key = json.dumps([engines_spec(cfg), architecture], sort_keys=True, default=str)
+        meta = {
+            "max_length": policy.config.max_position_embeddings,
+            "eos_ids": eos_token_ids(tokenizer, policy.generation_config, "EnginePool"),
+        }
+        dtype = next(policy.parameters()).dtype if r.dtype is None else getattr(torch, r.dtype)
+        live = cluster.actors.get("engine", [])
+        if live and _LIVE.get("key") == key and _LIVE.get("actors") == live:
+            log.info(
+                "Ray: this stage samples from the %d rollout engine(s) of the stage before (%s/engines-*), "
+                "with weights version %d loaded into them",
+                len(live), stage, version,
+            )  # fmt: skip
+            pool = cls(cluster.cfg, list(live), tokenizer, dtype, meta, version)
+            pool._each(lambda i, actor: actor.reseed.remote(cfg.seed + i))  # as the engines started below
+            pool.update_weights(policy.state_dict(), version)
+            return pool
+        cluster.kill("engine")  # others started for another stage (launch/run.py keeps only equal ones)
+        _LIVE.clear()
+        cluster.check_fits([Request("cluster.engine", cfg.cluster.engine, n)])
         pool_id = next(_POOLS)
         actors = []
         for i in range(n):
@@ -133,11 +189,7 @@ class EnginePool:
                     max_restarts=cfg.cluster.max_restarts,
                 )
             )
-        meta = {
-            "max_length": policy.config.max_position_embeddings,
-            "eos_ids": eos_token_ids(tokenizer, policy.generation_config, "EnginePool"),
-        }
-        dtype = next(policy.parameters()).dtype if r.dtype is None else getattr(torch, r.dtype)
+        _LIVE.update(key=key, actors=list(actors))
         pool = cls(cluster.cfg, actors, tokenizer, dtype, meta, version)
         pool.update_weights(policy.state_dict(), version)  # the starting weights, through the object store
         return pool

@@ -126,12 +126,26 @@ def _run_stages(run_cfg: RunConfig, run_dir: Path, writer, state: RunState, poin
             with doctor or contextlib.nullcontext():
                 run_stage(stage, run_dir, writer, state)
             if cluster is not None:
-                cluster.kill("explorer")  # a stage's explorer and rollout engines end with it
-                cluster.kill("engine")
+                cluster.kill("explorer")  # a stage's explorer ends with it
+                following = run_cfg.stages[i + 1].config if i + 1 < len(run_cfg.stages) else None
+                if following is None or not _same_engines(stage.config, following):
+                    cluster.kill("engine")  # and its rollout engines, unless the next stage asks for the same
     finally:
         writer.close()
         if cluster is not None:
             cluster.close()
+
+
+def _same_engines(cfg, following) -> bool:
+    """The next stage samples from engines like this stage's (launch/ray_engines.py: they are kept)."""
+    from trivium.launch.ray_engines import engines_spec
+
+    return _has_rollout_model(following) and engines_spec(cfg) == engines_spec(following)
+
+
+def _has_rollout_model(cfg) -> bool:
+    """Whether a stage builds a rollout model: it explores, or evaluates (eval task sets)."""
+    return cfg.mode in ("both", "explore", "bench", "serve") or bool(cfg.buffer.eval_tasksets)
 
 
 def _check_data(stage: Stage) -> int | None:
