@@ -173,3 +173,15 @@ def test_a_lone_surrogate_in_a_text_field_is_a_row_problem(tmp_path):
     with pytest.raises(TaskDataError, match=r"row 1 \(line 2\): field 'question'.*lone UTF-16 surrogate"):
         reader(path)
     assert reader(path, on_bad_row="skip").skip_reasons == {"question: surrogate": 1}
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_a_bare_nan_or_infinity_in_a_row_is_named_not_read(tmp_path, constant):
+    """Issue 26, item 8: Python's json reads NaN as a float, and a task's answer became nan."""
+    path = write(tmp_path, good_line() + b'{"question": "q", "answer": ' + constant.encode() + b"}\n")
+    with pytest.raises(TaskDataError, match=f"{constant} is not JSON") as info:
+        reader(path)
+    assert "line 2" in str(info.value)  # the row is named
+    as_list = write(tmp_path, b'[{"question": "q", "answer": ' + constant.encode() + b"}]", name="t.json")
+    with pytest.raises(TaskDataError, match=f"{constant} is not JSON"):
+        reader(as_list)

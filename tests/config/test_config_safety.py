@@ -203,3 +203,59 @@ def test_serve_limits_and_reward_bounds(folder):
 
     limits = ServeLimits.from_config(run.stages[0].config.serve)
     assert (limits.max_n, limits.split_n, limits.max_body_bytes) == (4, 2, 4 << 20)
+
+
+# ---------------------------------------------------------------- issue 26, items 3 and 4: what the run crashed on
+@pytest.mark.parametrize(
+    ("device", "rule"),
+    [
+        ("mps:xyz", "is not a torch device"),
+        ("xla", "trivium runs on 'cpu', 'cuda', 'cuda:N' or 'mps'"),
+        ("meta", "trivium runs on 'cpu', 'cuda', 'cuda:N' or 'mps'"),
+    ],
+)
+def test_a_device_torch_or_trivium_cannot_use_is_named(folder, device, rule):
+    """model.device=mps:xyz passed check-config, then the run died in torch's 'Invalid device string'."""
+    (p,) = problems(folder / "c.yaml", [f"model.device={device}"])
+    assert p.path == "model.device" and rule in p.rule and "use device: auto" in p.fix
+
+
+def test_a_model_path_that_is_not_a_model_folder_is_named(folder, capsys):
+    """/dev/zero and a folder without config.json passed check-config; the run then printed tracebacks
+    (three for /dev/zero, 30 lines of transformers for the folder) that did not name model.path."""
+    (p,) = problems(folder / "c.yaml", ["model.path=/dev/zero"])
+    assert p.path == "model.path" and "not a folder" in p.rule
+    (folder / "empty-model").mkdir()
+    (folder / "empty-model" / "notes.txt").write_text("weights go here")
+    code, err = check_config(capsys, folder / "c.yaml", "--set", f"model.path={folder / 'empty-model'}")
+    assert code == 2 and "model.path" in err and "no config.json" in err
+    code = cli(["run", "-c", str(folder / "c.yaml"), "--set", f"model.path={folder / 'empty-model'}"])
+    assert code == 2 and "no config.json" in capsys.readouterr().err  # refused before anything loads
+
+
+def test_a_fifo_named_like_a_task_file_is_refused_not_read(folder, capsys):
+    """A FIFO named x.jsonl blocked the reader (and check-config) forever, waiting for a writer."""
+    import os
+
+    fifo = folder / "x.jsonl"
+    os.mkfifo(fifo)
+    t0 = time.monotonic()
+    code, err = check_config(capsys, folder / "c.yaml", "--set", f"buffer.taskset.path={fifo}")
+    assert code == 2 and "is not a regular file (a pipe, socket or device)" in err
+    assert time.monotonic() - t0 < 30
+
+
+@pytest.mark.parametrize(
+    ("overrides", "phrase"),
+    [
+        (["buffer.taskset.workflow=react", "buffer.taskset.workflow_args={tools: 5}"],
+         "workflow_args.tools must be a list of tool names, got 5"),
+        (["buffer.taskset.workflow=step_wise", "buffer.taskset.workflow_args={env: frozenlake, discount: x}"],
+         "workflow_args.discount must be a number in [0, 1], got 'x'"),
+    ],
+)  # fmt: skip
+def test_workflow_args_of_the_wrong_type_are_named_without_python_internals(folder, overrides, phrase):
+    """Issue 26, item 8: these said "'int' object is not iterable" and "'<=' not supported"."""
+    (p,) = problems(folder / "c.yaml", overrides)
+    assert p.path == "buffer.taskset.workflow_args" and phrase in p.rule
+    assert "object is not" not in p.rule and "not supported between" not in p.rule

@@ -57,7 +57,7 @@ def data(tmp_path_factory):
     ],
     ids=["frozenlake-multi_turn", "calculator-react", "frozenlake-step_wise"],
 )
-def test_agent_config_runs_sft_then_grpo(data, task, metric, changes):
+def test_agent_config_plumbing_sft_then_grpo_episodes_run_without_failures(data, task, metric, changes):
     name = task + ("-" + changes["taskset"]["workflow"] if changes else "")
     folder = data / name
     folder.mkdir()

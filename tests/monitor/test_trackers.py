@@ -62,6 +62,34 @@ def test_each_key_and_step_reaches_a_tracker_once_across_a_resume(tmp_path):
     assert [r["global_step"] for r in read_metrics(tmp_path)] == [1, 2, 2, 3, 4]
 
 
+@pytest.mark.integration
+def test_a_killed_process_whose_wandb_records_landed_sends_them_once(tmp_path):
+    """wandb's service is a process of its own: a SIGKILLed run's records may land in the offline file (seen
+    in CI), and the resumed run sent them again from metrics.jsonl (steps 1, 2, 1, 2, 3). Here: the first
+    process's records are written, then its trackers.json is put back as a killed process leaves it (the
+    run id saved, no steps, since wandb is not durable); the resumed process asks the files."""
+    pytest.importorskip("wandb")
+    monitor = MonitorConfig(backends=["jsonl", "wandb"])
+
+    def writer():
+        trackers = TrackerSet(monitor, tmp_path, project="p", name="n", replay=tmp_path / "metrics.jsonl")
+        return MetricsWriter(tmp_path, trackers=trackers)
+
+    first = writer()
+    for step in (1, 2):
+        first.write({"stage": "a", "step": step, "global_step": step, "train/loss": 1.0 / step})
+    killed = json.loads((tmp_path / "trackers.json").read_text())
+    first.close()
+    assert killed["wandb"]["logged"] == {} and killed["wandb"]["saved"]["id"]
+    (tmp_path / "trackers.json").write_text(json.dumps(killed))
+
+    second = writer()
+    second.write({"stage": "a", "step": 3, "global_step": 3, "train/loss": 1.0 / 3})
+    second.close()
+    history, _, sessions = wandb_run(tmp_path, killed["wandb"]["saved"]["id"])
+    assert [s for s, _ in history["train/loss"]] == [1, 2, 3] and sessions == 2
+
+
 def test_user_tracker_gets_its_args_and_decoupled_roles_keep_separate_state(tmp_path):
     monitor = MonitorConfig(backends=[RECORDING], backend_args={RECORDING: {"file": "mine.jsonl"}})
     for role in ("explore", "train"):

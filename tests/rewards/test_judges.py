@@ -87,7 +87,7 @@ def test_parsers_and_args():
         check_reward_args("rubric", {"url": "http://x/v1", "max_concurrency": 0})
 
 
-def test_a_tiny_judge_served_by_trivium_s_own_endpoint(tiny_model_dir):
+def test_judge_plumbing_on_trivium_s_own_endpoint_every_answer_scored_in_range(tiny_model_dir):
     """The plumbing against the real endpoint: an untrained judge mostly replies nonsense, so the parse-
     failure path runs; whatever it says, every answer gets a score in [0, 1] and a parsed one is cached."""
     from trivium.models.batching import BatchingRolloutModel

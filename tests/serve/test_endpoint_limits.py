@@ -61,6 +61,41 @@ def test_out_of_range_requests_answer_400_naming_the_field(server, raw_http, bod
     refused(reply, status, 400, param, phrase)
 
 
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"n": "3"}, "n"),
+        ({"max_tokens": True}, "max_tokens"),
+        ({"stream": "yes"}, "stream"),
+        ({"logprobs": "yes"}, "logprobs"),
+        ({"temperature": "0.5"}, "temperature"),
+    ],
+)
+def test_a_value_of_the_wrong_json_type_is_refused_not_coerced(server, raw_http, body, param):
+    """Issue 26, item 8: "n": "3" was read as 3, "stream": "yes" as true; a float field still takes 1."""
+    status, reply = chat(raw_http, server, **body)
+    refused(reply, status, 400, param)
+    status, reply = chat(raw_http, server, temperature=1, max_tokens=2)
+    assert status == 200, reply
+
+
+def test_json_sent_as_text_plain_is_told_the_content_type(server):
+    """Valid JSON with Content-Type text/plain was answered "the body is not an object"."""
+    import urllib.error
+    import urllib.request
+
+    body = json.dumps({"messages": QUESTION}).encode()
+    request = urllib.request.Request(f"{server.base_url}/chat/completions", data=body, method="POST")
+    request.add_header("Content-Type", "text/plain")
+    request.add_header("Authorization", f"Bearer {KEY}")
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request, timeout=60)
+    reply = json.loads(info.value.read())
+    assert info.value.code == 400
+    assert "Content-Type: application/json" in reply["error"]["message"]
+    assert "'text/plain'" in reply["error"]["message"]
+
+
 def test_inf_and_nan_in_the_body_are_refused(server, raw_http):
     body = json.dumps({"messages": QUESTION}).encode()[:-1] + b', "temperature": Infinity}'
     status, reply = raw_http("POST", f"{server.base_url}/chat/completions", body, KEY)

@@ -149,6 +149,11 @@ def _resolve_files(source: str | os.PathLike[str], taskset: str) -> list[Path]:
                 f"(found {found}); point path at a data file or at the folder that holds them"
             )
         return files
+    if not path.is_file():  # a FIFO (reading it waits for a writer, forever), a socket, a device
+        raise TaskDataError(
+            f"task set {taskset!r}: {str(path)!r} is not a regular file (a pipe, socket or device); it is "
+            f"not read, since reading one can wait forever: point path at a {supported} file"
+        )
     if path.suffix not in _LOADERS:
         raise TaskDataError(
             f"task set {taskset!r}: {str(path)!r} has extension {path.suffix!r}; supported: {supported}. "
@@ -219,7 +224,7 @@ class _Reader:
                 f"{self.where} nests values {depth} levels deep; rows may nest at most {MAX_ROW_DEPTH} levels"
             )
         try:
-            value = json.loads(text)
+            value = json.loads(text, parse_constant=_not_json_constant)
         except ValueError as error:
             at = (
                 f" at line {error.lineno}, column {error.colno}"
@@ -272,6 +277,11 @@ class _Reader:
         self._add({})
 
 
+def _not_json_constant(name: str) -> Any:
+    """Python's json reads NaN, Infinity and -Infinity, which JSON does not have: a row holding one is bad."""
+    raise ValueError(f"{name} is not JSON: write the value as a number or a string")
+
+
 def _parse_line(raw: bytes) -> tuple[Any, tuple[str, str] | None]:
     """One JSON Lines row: ``(object, None)`` or ``(None, (kind, why))``."""
     try:
@@ -282,7 +292,7 @@ def _parse_line(raw: bytes) -> tuple[Any, tuple[str, str] | None]:
     if depth > MAX_ROW_DEPTH:
         return None, ("too deep", f"nests values {depth} levels deep (at most {MAX_ROW_DEPTH})")
     try:
-        value = json.loads(line)
+        value = json.loads(line, parse_constant=_not_json_constant)
     except json.JSONDecodeError as error:
         return None, ("not JSON", f"is not valid JSON ({error.msg} at column {error.colno}): {line[:80]!r}")
     except ValueError as error:  # e.g. an integer of more than 4,300 digits

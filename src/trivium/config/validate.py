@@ -7,6 +7,7 @@ A config that will fail at run time should fail here, before any model is loaded
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from trivium.config.errors import Problem, did_you_mean, join_path
 from trivium.config.schema import TaskSetConfig, TriviumConfig
@@ -169,6 +170,10 @@ def _check_model(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
                 "check the path, or create a tiny test model with `trivium make-tiny PATH`",
             )
         )
+    elif check_files and m.path and m.tiny is None and Path(m.path).exists():
+        wrong = _model_folder_problem(m.path)
+        if wrong:
+            out.append(Problem(at("model.path"), m.path, *wrong))
     if m.tiny is not None:
         t = m.tiny
         if t.hidden_size % t.num_heads:
@@ -201,21 +206,38 @@ def _check_model(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
         for i, p in enumerate(t.corpus):
             if check_files and not Path(p).exists():
                 out.append(Problem(at(f"model.tiny.corpus[{i}]"), p, "file not found", "check the path"))
-    if m.device.startswith("cuda"):
-        import torch
+    from trivium.models.loading import resolve_device
 
-        if not torch.cuda.is_available():
-            out.append(
-                Problem(
-                    at("model.device"),
-                    m.device,
-                    "CUDA is not available on this machine",
-                    "use device: auto (falls back to cpu) or cpu",
-                )
+    try:  # the run's own parsing and checks (torch's 'Invalid device string' traceback otherwise)
+        resolve_device(m.device)
+    except ValueError as error:
+        out.append(
+            Problem(
+                at("model.device"),
+                m.device,
+                str(error),
+                "use device: auto (CUDA where there is a GPU, else cpu), cpu, cuda, cuda:N or mps",
             )
-    elif m.device not in ("auto", "cpu") and not m.device.startswith("mps"):
-        out.append(Problem(at("model.device"), m.device, "unknown device", "use auto, cpu, cuda or cuda:N"))
+        )
     return out
+
+
+def _model_folder_problem(path: str) -> tuple[str, str] | None:
+    """What is wrong with a local ``model.path`` that exists (None: it holds a model or a LoRA adapter)."""
+    from trivium.models.lora import is_adapter_folder
+
+    folder = Path(path)
+    if not folder.is_dir():
+        return (
+            "not a folder: model.path names a Hugging Face model folder (config.json and the weights)",
+            "give the folder that holds config.json (a checkpoint's model/ folder works too)",
+        )
+    if not (folder / "config.json").is_file() and not is_adapter_folder(folder):
+        return (
+            "the folder holds no model: no config.json (nor a LoRA adapter's adapter_config.json) in it",
+            "give the folder that holds config.json and the weights, e.g. the one save_pretrained wrote",
+        )
+    return None
 
 
 def _check_algorithm(cfg: TriviumConfig, at) -> list[Problem]:
@@ -268,6 +290,8 @@ def _check_algorithm(cfg: TriviumConfig, at) -> list[Problem]:
                 "use mode: both; or mode train with buffer.storage, fed by a separate explore process",
             )
         )
+    if preset.offline_data == "preference":
+        out.extend(_preference_trainer_problems(cfg, at))
     if not preset.needs_rollouts and cfg.mode == "both":
         out.append(
             Problem(
@@ -275,6 +299,37 @@ def _check_algorithm(cfg: TriviumConfig, at) -> list[Problem]:
             )
         )
     return out
+
+
+# Fields the preference (DPO) trainer does not read (trainer/dpo.py: one update per batch of padded pairs,
+# through the pair loss alone): (path, value, its default, why), a value other than the default is refused.
+def _preference_trainer_inert(cfg: TriviumConfig) -> tuple[tuple[str, Any, Any, str], ...]:
+    a, t = cfg.algorithm, cfg.trainer
+    return (
+        ("algorithm.kl_loss.coef", a.kl_loss.coef, 0.0,
+         "the DPO loss holds its own pull to the reference: algorithm.dpo.beta"),
+        ("algorithm.entropy_coef", a.entropy_coef, 0.0, "the DPO loss has no entropy term"),
+        ("algorithm.rollout_is_cap", a.rollout_is_cap, 0.0,
+         "DPO learns from preference pairs, not from rollouts to correct"),
+        ("trainer.ppo_epochs", t.ppo_epochs, 1, "DPO makes one pass over each batch of pairs"),
+        ("trainer.mini_batch_size", t.mini_batch_size, 0,
+         "DPO makes one update per batch: buffer.batch_size sets the pairs of a step"),
+        ("trainer.pack_length", t.pack_length, None,
+         "DPO pads each pair's rows (trainer.micro_batch_size / max_tokens_per_micro_batch bound memory)"),
+    )  # fmt: skip
+
+
+def _preference_trainer_problems(cfg: TriviumConfig, at) -> list[Problem]:
+    return [
+        Problem(
+            at(path),
+            value,
+            f"algorithm '{cfg.algorithm.algorithm_type}' does not use it: {why}",
+            f"remove {path} (its default: {default})",
+        )
+        for path, value, default, why in _preference_trainer_inert(cfg)
+        if value != default
+    ]
 
 
 def _check_data(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:

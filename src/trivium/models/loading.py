@@ -44,6 +44,15 @@ def resolve_device(name: str | torch.device) -> torch.device:
             raise ValueError(
                 f"device={name!r} is not a torch device; use 'auto', 'cpu', 'cuda' or 'cuda:N'"
             ) from e
+    if device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ValueError(
+                f"device={str(name)!r} but MPS (Apple's GPU) is not available; use 'cpu' or 'auto'"
+            )
+    elif device.type not in ("cpu", "cuda"):
+        raise ValueError(
+            f"device={str(name)!r}: trivium runs on 'cpu', 'cuda', 'cuda:N' or 'mps' ('auto' picks)"
+        )
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(

@@ -74,6 +74,9 @@ class TrackerSet:
             self.trackers.append((backend, tracker))
             self.state[backend] = entry
             self.durable[backend] = json.loads(json.dumps(entry))
+            if entry["saved"] and not tracker.durable:  # what its own store got before a kill counts too
+                for key, step in tracker.already_logged().items():
+                    entry["logged"][key] = max(step, entry["logged"].get(key, -1))
             continuing = bool(entry["logged"])
             if not entry.get("config_logged") and resolved is not None:  # once per tracker run
                 tracker.log_config(resolved)

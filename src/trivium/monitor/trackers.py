@@ -57,6 +57,11 @@ class Tracker:
     def log_config(self, resolved: dict[str, Any]) -> None:
         """The resolved config ({stage: config}), once, when the tracker run is created."""
 
+    def already_logged(self) -> dict[str, int]:
+        """For a tracker that is not ``durable``, when its run is continued: {key: last step} that its own
+        store holds, whatever the run folder's record says (a killed process's writes may have landed)."""
+        return {}
+
     def log(self, step: int, scalars: dict[str, float]) -> None:
         """Scalars of one record at ``step`` (the run's global step); each (key, step) comes once."""
         raise NotImplementedError
@@ -127,7 +132,9 @@ class WandbTracker(Tracker):
     with the id it saved. Steps are the run's global steps (W&B's ``step``)."""
 
     requires, extra = "wandb", "wandb"
-    durable = False  # wandb 0.31's service writes the offline file when the run finishes: SIGKILL loses it
+    # wandb 0.31's service (a process of its own) writes the offline file when it gets to it: a SIGKILLed
+    # run may lose its last records, or not; a resumed one asks the files (``already_logged``)
+    durable = False
 
     def __init__(self, context: TrackerContext):
         super().__init__(context)
@@ -151,6 +158,14 @@ class WandbTracker(Tracker):
 
     def log_config(self, resolved: dict[str, Any]) -> None:
         self.run.config.update(resolved, allow_val_change=True)
+
+    def already_logged(self) -> dict[str, int]:
+        """The steps in the run's earlier offline files (online: W&B's server holds them; none known)."""
+        from trivium.monitor.wandb_files import last_steps
+
+        if self.context.monitor.wandb.mode != "offline":
+            return {}
+        return last_steps(self.context.run_dir, self.context.saved["id"])
 
     def log(self, step: int, scalars: dict[str, float]) -> None:
         self.run.log(scalars, step=step)

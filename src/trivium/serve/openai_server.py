@@ -172,7 +172,17 @@ def _install_error_handlers(app: Any) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         problems, params = [], []
+        content_type = request.headers.get("content-type", "")
         for e in exc.errors():
+            if tuple(e["loc"]) == ("body",) and "json" not in content_type.lower():
+                # FastAPI reads a body as JSON only when it says so: valid JSON sent as text/plain arrives
+                # as a string, and "not an object" would send the caller after the wrong fault
+                problems.append(
+                    f"the request body must be sent with Content-Type: application/json "
+                    f"(this one says {content_type or 'nothing'!r})"
+                )
+                params.append(None)
+                continue
             if e["type"] == "json_invalid":
                 problems.append(
                     f"the request body is not valid JSON: {e.get('ctx', {}).get('error', e['msg'])}"

@@ -66,7 +66,9 @@ MAX_STOPS, MAX_STOP_CHARS = 16, 1000
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    # strict: a value of the wrong JSON type is refused naming its field ("n": "3", "stream": "yes" were
+    # coerced); a number is still accepted where a float is asked
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
 
 
 # ------------------------------------------------------------------------------------------ chat requests

@@ -16,6 +16,7 @@ import torch
 from trivium.algorithm.aggregation import sequence_sums
 from trivium.algorithm.losses_preference import dpo_loss
 from trivium.config.schema import DpoConfig, TrainerConfig
+from trivium.trainer.guard import NumericGuard
 from trivium.trainer.logprobs import batched_logprobs, token_logprobs
 from trivium.trainer.model_io import export_weights, save_model
 from trivium.trainer.optim import Optimization
@@ -44,6 +45,9 @@ class DpoTrainer:
         )
         self.optim = Optimization(model, cfg, precision=self.precision)
         self.optim.plan(total_steps)
+        # an update with a non-finite or absurd gradient norm is skipped (optim.py); max_bad_steps in a row
+        # stop the run (guard.py), as in the RL and SFT trainer
+        self.guard = NumericGuard(cfg.max_abs_reward, cfg.max_bad_steps)
         self.step = 0
 
     def train_step(self, pairs: Sequence[PreferencePair]) -> dict[str, float]:
@@ -60,6 +64,7 @@ class DpoTrainer:
             ref_lp = batched_logprobs(self.ref_model, batch, micro)
         ref_sums = sequence_sums(ref_lp, batch.loss_mask, batch.seq_index, batch.num_seqs)
         self.model.train()
+        skipped_before = self.optim.skipped
         n_pairs = len(pairs)
         per_micro = max(1, micro // 2)  # pairs per micro-batch, two rows each
         sums: dict[str, float] = {}
@@ -86,10 +91,15 @@ class DpoTrainer:
         grad_norm = self.optim.step()
         self.model.eval()
         self.step += 1
+        skipped = self.optim.skipped - skipped_before
+        self.guard.step_done(
+            self.step, f"{skipped} update(s) with a non-finite or absurd gradient norm" if skipped else None
+        )
         return {
             **sums,
             "train/loss": sums["dpo/loss"],
             "train/grad_norm": grad_norm,
+            "train/skipped_updates": float(skipped),
             "train/lr": self.optim.lr,
             "train/pairs": float(n_pairs),
             "train/step_seconds": time.perf_counter() - t0,

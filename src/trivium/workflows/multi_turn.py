@@ -245,8 +245,8 @@ class StepWiseWorkflow(MultiTurnWorkflow):
 
     def __init__(self, discount: float = 1.0, **args: Any):
         super().__init__(**args)
-        if not 0 <= discount <= 1:
-            raise ValueError(f"workflow_args.discount={discount} must be in [0, 1]")
+        if isinstance(discount, bool) or not isinstance(discount, (int, float)) or not 0 <= discount <= 1:
+            raise ValueError(f"workflow_args.discount must be a number in [0, 1], got {discount!r}")
         self.discount = discount
 
     def experiences(self, task: Task, e: Episode) -> list[Experience]:
@@ -289,6 +289,12 @@ class ReActWorkflow(ConcatenatedMultiTurnWorkflow):
     def __init__(self, tools: list[str] | None = None, system_prompt: str | None = None, **args: Any):
         env_args = dict(args.pop("env_args", None) or {})
         if tools is not None:
+            if isinstance(tools, str):
+                raise ValueError(
+                    f"workflow_args.tools must be a list of tool names, got {tools!r}; write [{tools!r}]"
+                )
+            if not isinstance(tools, (list, tuple)):
+                raise ValueError(f"workflow_args.tools must be a list of tool names, got {tools!r}")
             env_args["tools"] = list(tools)
         if system_prompt is not None:
             env_args["system_prompt"] = system_prompt
