@@ -63,13 +63,17 @@ def test_each_key_and_step_reaches_a_tracker_once_across_a_resume(tmp_path):
 
 
 @pytest.mark.integration
-def test_a_killed_process_whose_wandb_records_landed_sends_them_once(tmp_path):
+def test_a_killed_process_whose_wandb_records_landed_sends_them_once(tmp_path, request):
     """wandb's service is a process of its own: a SIGKILLed run's records may land in the offline file (seen
     in CI), and the resumed run sent them again from metrics.jsonl (steps 1, 2, 1, 2, 3). Here: the first
     process's records are written, then its trackers.json is put back as a killed process leaves it (the
     run id saved, no steps, since wandb is not durable); the resumed process asks the files."""
-    pytest.importorskip("wandb")
+    wandb = pytest.importorskip("wandb")
     monitor = MonitorConfig(backends=["jsonl", "wandb"])
+    # this process's wandb service is announced in os.environ (WANDB_SERVICE): the `trivium run` processes
+    # that later tests of this worker start would join it, and a killed one's run id would stay "in use"
+    # there; teardown stops the service and removes the announcement
+    request.addfinalizer(wandb.teardown)
 
     def writer():
         trackers = TrackerSet(monitor, tmp_path, project="p", name="n", replay=tmp_path / "metrics.jsonl")
