@@ -52,6 +52,17 @@ def test_a_hub_id_without_network_names_the_field_the_id_and_hf_hub_offline(monk
     assert "subset='main'" in message
 
 
+@pytest.mark.parametrize("name", ["parquet", "JSON", "csv", "text"])
+def test_a_file_format_name_is_refused_not_loaded_from_the_working_directory(tmp_path, monkeypatch, name):
+    # datasets.load_dataset("parquet") with no data files globs the working directory recursively: in a
+    # repository with a virtual environment that ran past the test timeout and then read the wrong files
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "rows.jsonl").write_text('{"question": "q", "answer": "a"}\n')
+    with pytest.raises(TaskDataError, match=r"buffer\.taskset\.path: .* name of a file format"):
+        source_rows(name, field="buffer.taskset.path")
+
+
 def test_a_loading_script_is_refused_with_the_way_out(tmp_path):
     script = tmp_path / "my_data.py"
     script.write_text("# a datasets loading script\n")

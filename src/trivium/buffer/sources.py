@@ -102,7 +102,14 @@ def _from_hub(
     path: str, split: str, subset: str | None, revision: str | None, field: str
 ) -> list[dict[str, Any]]:
     import datasets
+    from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
 
+    if path.lower() in _PACKAGED_DATASETS_MODULES:
+        # load_dataset("parquet") with no data files globs the working directory, all of it, recursively
+        raise TaskDataError(
+            f"{field}: {path!r} is the name of a file format (a datasets builder), not a dataset or a "
+            f"file; point {field} at the data file or folder itself (e.g. data/train.{path.lower()})"
+        )
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False")
     try:
         data = datasets.load_dataset(path, subset, split=split, revision=revision)
