@@ -17,6 +17,7 @@ import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
 from trivium.config.schema import AlgorithmConfig, KLLossConfig, LoraConfig, TrainerConfig
+from trivium.launch.ranks import end_rank_process, leave_process_group
 from trivium.models import lora
 from trivium.trainer.parallel import make_parallel
 from trivium.trainer.spec import AlgorithmSpec
@@ -112,9 +113,10 @@ def main(model_dir, out, strategy, rank, world, init, use_lora=""):
         results[name] = {"steps": steps, "weights": weights}
     if rank == 0:
         torch.save(results, out)
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    del trainer, model, ref  # garbage for leave_process_group's collection, as in a real rank's exit
+    leave_process_group()
 
 
 if __name__ == "__main__":
     main(*sys.argv[1:])
+    end_rank_process(0)  # as trivium.launch.rank ends: no interpreter teardown of collective state

@@ -15,6 +15,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 
 
@@ -37,9 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from trivium.config.load import load_plugins
     from trivium.config.schema import TriviumConfig
-    from trivium.launch import build
-    from trivium.launch.ranks import CommandChannel, _backend, follow, rank_device
-    from trivium.trainer.parallel import make_parallel
+    from trivium.launch.ranks import CommandChannel, _backend, leave_process_group, rank_device
 
     cfg = TriviumConfig.model_validate_json(Path(args.config).read_text())
     problems = load_plugins(cfg.plugins, Path(args.plugin_dir))
@@ -55,15 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     channel = CommandChannel()
     parent = os.getppid()
     try:
-        command, (blueprint,) = channel.receive()
-        if command != "build":
-            raise RuntimeError(f"rank 0 sent {command!r} before the model")
-        model = _build_model(blueprint, cfg, device)
-        parallel = make_parallel(cfg.trainer.strategy, device, args.rank, args.world_size)
-        trainer = build.make_trainer(
-            cfg, model, blueprint["pad_token_id"], blueprint["total_steps"], parallel
-        )
-        follow(trainer, channel, args.rank)
+        _serve(cfg, channel, device, args.rank, args.world_size)  # its trainer is garbage when it returns
     except Exception as error:
         if os.getppid() != parent or _peer_gone(error):  # rank 0 went first: it reports why
             logging.getLogger(__name__).error(
@@ -72,9 +63,23 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         raise
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        leave_process_group()
     return 0
+
+
+def _serve(cfg, channel, device, rank: int, world_size: int) -> None:
+    """Build this rank's trainer from what rank 0 sends and make every call rank 0 announces."""
+    from trivium.launch import build
+    from trivium.launch.ranks import follow
+    from trivium.trainer.parallel import make_parallel
+
+    command, (blueprint,) = channel.receive()
+    if command != "build":
+        raise RuntimeError(f"rank 0 sent {command!r} before the model")
+    model = _build_model(blueprint, cfg, device)
+    parallel = make_parallel(cfg.trainer.strategy, device, rank, world_size)
+    trainer = build.make_trainer(cfg, model, blueprint["pad_token_id"], blueprint["total_steps"], parallel)
+    follow(trainer, channel, rank)
 
 
 def _build_model(blueprint: dict, cfg, device):
@@ -115,5 +120,20 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
+def _run() -> None:
+    from trivium.launch.ranks import end_rank_process
+
+    try:
+        code = main()
+    except SystemExit as stop:
+        if isinstance(stop.code, str):
+            print(stop.code, file=sys.stderr)
+        code = stop.code if isinstance(stop.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    end_rank_process(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _run()

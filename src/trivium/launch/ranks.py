@@ -16,6 +16,7 @@ to resume from the newest checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
@@ -183,8 +184,7 @@ class RankGroup:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        leave_process_group()
         torch.set_num_threads(self.cfg.runtime.num_threads or os.cpu_count() or 1)
 
     def _watch(self) -> None:
@@ -200,6 +200,29 @@ class RankGroup:
                 except RankFailed as failed:
                     log.error("%s", failed)
                 os._exit(1)
+
+
+def leave_process_group() -> None:
+    """Leave the process group with nothing of it left for the interpreter's teardown: the trainer's
+    objects sit in reference cycles (module hooks), and a Gloo work item they still hold, freed during
+    finalization, aborts the process ("terminate called without an active exception", exit -6) after
+    all its work succeeded. Collect them while the interpreter is whole, then destroy the group."""
+    import gc
+
+    if dist.is_initialized():
+        gc.collect()
+        dist.destroy_process_group()
+
+
+def end_rank_process(code: int) -> None:
+    """End a rank > 0 with ``code`` and without interpreter finalization, which would run the C++
+    destructors of whatever collective state is left (see :func:`leave_process_group`); output and logs
+    are flushed first."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # closed or gone: nothing more can reach it
+            stream.flush()
+    os._exit(code)
 
 
 def _how(returncode: int) -> str:
