@@ -162,6 +162,42 @@ def test_replay_cooldown_and_max_uses(open_storage):
     assert storage.count("consumed") == 2
 
 
+def test_a_used_claim_is_served_again_before_any_commit_and_recover_undoes_it(open_storage):
+    """Uses count when the trainer has trained (``use``), not when a checkpoint commits: a replay policy
+    serves the rows again within a run at any checkpoint interval. A restart undoes the uses no
+    checkpoint holds, so the resumed run sees the counts its model was trained with."""
+    storage = open_storage()
+    ids = storage.write(exps(2, version=1))
+    policy = ReplayPolicy(version_weight=0.0, use_weight=-1.0, cooldown_steps=0, max_uses=2)
+    first = storage.read(1, policy=policy, step=1, timeout=0)
+    storage.use(first)
+    storage.use(first)  # idempotent
+    with pytest.raises(TimeoutError):  # used at step 1: not again at step 1 (cooldown 0: from step 2)
+        storage.read(2, policy=policy, step=1, timeout=0)
+    second = storage.read(1, policy=policy, step=2, timeout=0)
+    assert second.ids == first.ids  # a negative use weight prefers the used row: served again, uncommitted
+    storage.use(second)
+    assert storage.count("consumed") == 1  # max_uses 2 reached, still before any commit
+    third = storage.read(1, policy=policy, step=3, timeout=0)
+    assert third.ids == (ids[1],)
+    storage.use(third)
+    storage.commit(first)  # the checkpoint after step 1; steps 2 and 3 were trained, then the run died
+    storage.close()
+
+    restarted = open_storage()
+    restarted.commit(first.token)
+    assert restarted.recover("trainer") == 2  # the uses of steps 2 and 3 undone
+    assert (restarted.count("consumed"), restarted.count("ready")) == (0, 2)
+    again = restarted.read(1, policy=policy, step=2, timeout=0)
+    assert again.ids == first.ids  # as at step 2 the first time: one use, at step 1
+    restarted.commit(again)  # commit counts a use that was never counted by use()
+    assert restarted.count("consumed") == 1
+    with pytest.raises(StorageError, match="handed back by recover"):
+        restarted.use(second.token)
+    with pytest.raises(StorageError, match="handed back by recover"):
+        restarted.commit(third.token)
+
+
 CONSUMER = r"""
 import json, sys, time
 from trivium.buffer.storage_sql import SqlStorage

@@ -40,7 +40,7 @@ def test_replay_policy_is_honoured_in_mode_both(tmp_path, tiny_model_dir, word_p
     experiences, which FIFO (the feed mode both always built before) never does."""
     replay = {"version_weight": 0.0, "use_weight": -1.0, "cooldown_steps": 0}
     cfg = config(tmp_path, tiny_model_dir, word_problem_dir, "replay", {"policy": "replay", "replay": replay})
-    cfg["trainer"] = {"save_interval": 1}  # a use counts once its checkpoint is durable
+    # trainer.save_interval stays 0 (the default): a use counts once trained on, not once checkpointed
     run_dir = run(tmp_path, cfg)
     engine = sa.create_engine(f"sqlite:///{run_dir / 'buffer.sqlite'}")
     with engine.connect() as conn:

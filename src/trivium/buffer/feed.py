@@ -1,9 +1,11 @@
 """How a stage's experiences travel from explorer to trainer: an in-process queue or a persistent storage.
 
 Both offer ``put`` (explorer side) and ``take`` (trainer side). The storage feed claims what it hands
-out and commits the claims only once the trainer's checkpoint that includes them is on disk
-(``checkpointed``): after a crash, ``resume`` commits the claims the checkpoint recorded and hands every
-other claim back, so each experience is trained into the resumed model exactly once.
+out, counts the use of a claim once the trainer has trained on it (``trained``: a replay policy may serve
+it again from the next step, whatever the checkpoint interval), and commits the claims only once the
+trainer's checkpoint that includes them is on disk (``checkpointed``): after a crash, ``resume`` commits
+the claims the checkpoint recorded and hands every other claim back (its use undone), so each
+experience is trained into the resumed model exactly as often as its use count says.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ class MemoryFeed:
     def open_claims(self) -> list[str]:
         return []
 
+    def trained(self) -> None:
+        pass
+
     def checkpointed(self) -> None:
         pass
 
@@ -48,7 +53,8 @@ class StorageFeed:
         self.consumer = consumer
         self.policy = policy or FIFO
         self.timeout_s = timeout_s
-        self._open: list[str] = []
+        self._open: list[str] = []  # claims since the last checkpoint, in read order
+        self._used = 0  # how many of them are used (counted), the first ones
 
     def put(self, experiences: Sequence[Experience]) -> None:
         if experiences:
@@ -65,11 +71,18 @@ class StorageFeed:
         """Claims trained on since the last checkpoint: the next checkpoint records them."""
         return list(self._open)
 
+    def trained(self) -> None:
+        """The batches taken so far are trained on: count their uses (durable at the next checkpoint)."""
+        for token in self._open[self._used :]:
+            self.storage.use(token)
+        self._used = len(self._open)
+
     def checkpointed(self) -> None:
         """The checkpoint recording ``open_claims()`` is durable: commit them."""
         for token in self._open:
             self.storage.commit(token)
         self._open.clear()
+        self._used = 0
 
     def resume(self, claims: Sequence[str]) -> int:
         """After a restart: commit what the checkpoint trained on, hand back every other claim."""

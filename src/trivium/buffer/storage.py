@@ -6,12 +6,14 @@ Exactly-once across crashes (SIGKILL at any point, in the writer or the reader):
   ``"explore:17"``) it is idempotent: a producer that re-runs a step after a crash gets back the ids of
   the first write, and nothing is stored twice.
 - ``read`` does not consume: it *claims* the rows for a consumer under a claim token, so no other
-  reader gets them. ``commit(claim)`` consumes them (one more use, under a replay policy).
-- The trainer commits a claim only once the checkpoint of the step that trained on it is durable, and
-  stores the claim tokens in that checkpoint. On restart it calls ``commit`` again for the tokens in
-  the checkpoint it resumes from (a no-op if they were committed), then ``recover(consumer)``, which
-  hands every other open claim of that consumer back: batches read after that checkpoint are served
-  again, batches trained into it never are.
+  reader gets them. ``use(claim)`` counts a use once the consumer has trained on them (a replay policy
+  may serve them again from then on); ``commit(claim)`` makes it final (and counts the use if ``use``
+  was not called).
+- The trainer uses a claim after the step that trained on it and commits it once the checkpoint of that
+  step is durable, storing the claim tokens in that checkpoint. On restart it calls ``commit`` again for
+  the tokens in the checkpoint it resumes from (a no-op if they were committed), then
+  ``recover(consumer)``, which hands every other claim of that consumer back, open or used (its uses
+  undone): batches read after that checkpoint are served again, batches trained into it never are.
 
 Delayed rewards (serve mode): ``write(..., pending=True)`` stores experiences whose reward is not known
 yet. A pending experience is never read; ``attach_reward(task_id, reward)`` sets the reward of the pending
@@ -133,12 +135,19 @@ class ExperienceStorage(Protocol):
         """
         ...
 
+    def use(self, claim: Claim | str) -> None:
+        """The consumer trained on a claim: count the use of its experiences now (a replay policy may
+        serve them again), to be made final by ``commit`` or undone by ``recover``. Idempotent."""
+        ...
+
     def commit(self, claim: Claim | str) -> None:
-        """Consume a claim. Idempotent; a claim already handed back by ``recover`` is an error."""
+        """Consume a claim for good (counting its use if ``use`` did not). Idempotent; a claim already
+        handed back by ``recover`` is an error."""
         ...
 
     def recover(self, consumer: str) -> int:
-        """Hand back every open claim of ``consumer``; returns how many experiences became readable."""
+        """Hand back every claim of ``consumer`` not committed (open, or used with the use undone);
+        returns how many experiences became readable or had a use undone."""
         ...
 
     def count(self, status: Status | None = None) -> int: ...

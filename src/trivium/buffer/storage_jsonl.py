@@ -151,6 +151,9 @@ class JsonlStorage:
         )
         return Claim(f"{consumer}:{start}:{end}", consumer, step, tuple(o for o, _, _ in taken), experiences)
 
+    def use(self, claim: Claim | str) -> None:
+        """Nothing to count: FIFO never serves a claimed line again, and the cursor moves at ``commit``."""
+
     def commit(self, claim: Claim | str) -> None:
         token = claim.token if isinstance(claim, Claim) else claim
         try:

@@ -7,8 +7,12 @@ Design decisions:
   querying (model version, task, group, write key) and the record of ``storage.py`` (fields as JSON
   text, tensors as one safetensors blob). JSON lives in a TEXT column, not PostgreSQL's ``json`` type,
   because that type refuses the NaN a metric may hold.
-- A claims table records every read (token, consumer, step, size, open/committed/released): it is what
-  ``commit`` and ``recover`` act on, what makes ``commit`` idempotent, and the default step clock.
+- A claims table records every read (token, consumer, step, size, open/used/committed/released): it is
+  what ``use``, ``commit`` and ``recover`` act on, what makes them idempotent, and the default step clock.
+- Uses count when the trainer has trained on a claim (``use``), not when a checkpoint holds it, so a
+  replay policy serves the rows again within a run at any checkpoint interval. ``use`` records each
+  row's last use step before it in ``{table}_claim_uses``; ``recover`` undoes the used claims no
+  checkpoint committed, newest first, so a resumed run sees the use counts its model was trained with.
 - Claims are atomic across processes. SQLite: every transaction takes the write lock up front
   (``BEGIN IMMEDIATE``, WAL, see ``sql_engine.py``). PostgreSQL: ``SELECT ... FOR UPDATE SKIP LOCKED``,
   so concurrent readers take disjoint rows without waiting for each other.
@@ -100,7 +104,7 @@ class SqlStorage:
         self.table = table
         self.poll_s = poll_s
         self.reconnect_s = reconnect_s  # PostgreSQL: how long a lost connection is retried
-        self._rows, self._claims, self._keys = _tables(table)
+        self._rows, self._claims, self._keys, self._uses = _tables(table)
         self._engine = create_engine(self.url, self.where)
         self._opened = False
         self._create_schema()
@@ -222,37 +226,35 @@ class SqlStorage:
             time.sleep(wait if left is None else min(wait, left))
             wait = min(2 * wait, 1.0)
 
+    def use(self, claim: Claim | str) -> None:
+        rows, claims, uses = self._rows, self._claims, self._uses
+        token = claim.token if isinstance(claim, Claim) else claim
+
+        def use_claim(conn: sa.Connection) -> Any:
+            found = self._claim_to_close(conn, token)
+            if found.status != "open":
+                return  # used or committed before
+            before = conn.execute(
+                sa.select(rows.c.id, rows.c.last_use_step).where(rows.c.claim_token == token)
+            )
+            undo = [{"token": token, "row_id": r.id, "last_use_step_before": r.last_use_step} for r in before]
+            if undo:
+                conn.execute(sa.insert(uses), undo)
+            self._count_use(conn, found)
+            conn.execute(sa.update(claims).where(claims.c.token == token).values(status="used"))
+
+        return self._transaction(f"counting the use of claim {token!r}", use_claim)
+
     def commit(self, claim: Claim | str) -> None:
         token = claim.token if isinstance(claim, Claim) else claim
-        rows, claims = self._rows, self._claims
+        claims = self._claims
 
         def commit_claim(conn: sa.Connection) -> Any:
-            found = conn.execute(
-                sa.select(claims).where(claims.c.token == token).with_for_update()
-            ).one_or_none()
-            if found is None:
-                raise StorageError(
-                    f"experience storage {self.where}: there is no claim {token!r} in table "
-                    f"{claims.name}; commit only tokens that read() on this storage returned"
-                )
+            found = self._claim_to_close(conn, token)
             if found.status == "committed":
                 return
-            if found.status == "released":
-                raise StorageError(
-                    f"experience storage {self.where}: claim {token!r} of consumer {found.consumer!r} "
-                    f"({found.size} experiences, step {found.step}) was handed back by recover(), so they "
-                    "may have been served again; committing it now could train on them twice. On resume, "
-                    "commit the claims of the checkpoint first, then call recover()"
-                )
-            uses = rows.c.use_count + 1
-            status: Any = "ready"
-            if found.max_uses is not None:
-                status = sa.case((uses >= found.max_uses, "consumed"), else_="ready")
-            conn.execute(
-                sa.update(rows)
-                .where(rows.c.claim_token == token)
-                .values(use_count=uses, last_use_step=found.step, status=status, claim_token=None)
-            )
+            if found.status == "open":
+                self._count_use(conn, found)
             conn.execute(
                 sa.update(claims)
                 .where(claims.c.token == token)
@@ -261,8 +263,39 @@ class SqlStorage:
 
         return self._transaction(f"committing claim {token!r}", commit_claim)
 
+    def _claim_to_close(self, conn: sa.Connection, token: str) -> sa.Row:
+        """The claim ``token``, locked, for ``use`` or ``commit``; a missing or handed-back one is an error."""
+        claims = self._claims
+        found = conn.execute(sa.select(claims).where(claims.c.token == token).with_for_update()).one_or_none()
+        if found is None:
+            raise StorageError(
+                f"experience storage {self.where}: there is no claim {token!r} in table "
+                f"{claims.name}; commit only tokens that read() on this storage returned"
+            )
+        if found.status == "released":
+            raise StorageError(
+                f"experience storage {self.where}: claim {token!r} of consumer {found.consumer!r} "
+                f"({found.size} experiences, step {found.step}) was handed back by recover(), so they "
+                "may have been served again; committing it now could train on them twice. On resume, "
+                "commit the claims of the checkpoint first, then call recover()"
+            )
+        return found
+
+    def _count_use(self, conn: sa.Connection, found: sa.Row) -> None:
+        """One more use of the rows of the claim ``found``: ready for the next read, or consumed at max_uses."""
+        rows = self._rows
+        count = rows.c.use_count + 1
+        status: Any = "ready"
+        if found.max_uses is not None:
+            status = sa.case((count >= found.max_uses, "consumed"), else_="ready")
+        conn.execute(
+            sa.update(rows)
+            .where(rows.c.claim_token == found.token)
+            .values(use_count=count, last_use_step=found.step, status=status, claim_token=None)
+        )
+
     def recover(self, consumer: str) -> int:
-        rows, claims = self._rows, self._claims
+        rows, claims, uses = self._rows, self._claims, self._uses
 
         def release(conn: sa.Connection) -> Any:
             tokens = list(
@@ -272,16 +305,48 @@ class SqlStorage:
                     .with_for_update()
                 ).scalars()
             )
-            if not tokens:
-                return 0
-            released = conn.execute(
-                sa.update(rows).where(rows.c.claim_token.in_(tokens)).values(status="ready", claim_token=None)
-            ).rowcount
-            conn.execute(
-                sa.update(claims)
-                .where(claims.c.token.in_(tokens))
-                .values(status="released", closed_at=time.time())
-            )
+            released = 0
+            if tokens:
+                released = conn.execute(
+                    sa.update(rows)
+                    .where(rows.c.claim_token.in_(tokens))
+                    .values(status="ready", claim_token=None)
+                ).rowcount
+            # used but in no checkpoint: their uses are undone, the newest first, so that each row's
+            # use count and last use step are again those the resumed model was trained with
+            used = conn.execute(
+                sa.select(claims.c.token, claims.c.step)
+                .where(claims.c.consumer == consumer, claims.c.status == "used")
+                .order_by(claims.c.step.desc(), claims.c.claimed_at.desc())
+                .with_for_update()
+            ).all()
+            for token, step in used:
+                undo = [
+                    {"row": r.row_id, "step": step, "before": r.last_use_step_before}
+                    for r in conn.execute(sa.select(uses).where(uses.c.token == token))
+                ]
+                if undo:
+                    conn.execute(
+                        sa.update(rows)
+                        .where(rows.c.id == sa.bindparam("row"))
+                        .values(
+                            use_count=rows.c.use_count - 1,
+                            last_use_step=sa.case(
+                                (rows.c.last_use_step == sa.bindparam("step"), sa.bindparam("before")),
+                                else_=rows.c.last_use_step,
+                            ),
+                            status=sa.case((rows.c.status == "consumed", "ready"), else_=rows.c.status),
+                        ),
+                        undo,
+                    )
+                released += len(undo)
+            closed = tokens + [token for token, _ in used]
+            if closed:
+                conn.execute(
+                    sa.update(claims)
+                    .where(claims.c.token.in_(closed))
+                    .values(status="released", closed_at=time.time())
+                )
             return int(released)
 
         return self._transaction(f"recovering the claims of {consumer!r}", release)
@@ -531,7 +596,7 @@ def _row_values(e: Experience, key: str | None, now: float, status: Status) -> d
     }
 
 
-def _tables(name: str) -> tuple[sa.Table, sa.Table, sa.Table]:
+def _tables(name: str) -> tuple[sa.Table, sa.Table, sa.Table, sa.Table]:
     md = sa.MetaData()
     big_id = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # SQLite autoincrements INTEGER only
     rows = sa.Table(
@@ -564,7 +629,7 @@ def _tables(name: str) -> tuple[sa.Table, sa.Table, sa.Table]:
         sa.Column("step", sa.BigInteger, nullable=False),
         sa.Column("max_uses", sa.Integer),  # uses after which a committed row is consumed; NULL: never
         sa.Column("size", sa.Integer, nullable=False),
-        sa.Column("status", sa.String(16), nullable=False),  # open | committed | released
+        sa.Column("status", sa.String(16), nullable=False),  # open | used | committed | released
         sa.Column("claimed_at", sa.Float, nullable=False),
         sa.Column("closed_at", sa.Float),
         sa.Index(f"{name}_claims_consumer", "consumer", "status"),
@@ -575,4 +640,11 @@ def _tables(name: str) -> tuple[sa.Table, sa.Table, sa.Table]:
         sa.Column("key", sa.String(255), primary_key=True),
         sa.Column("written_at", sa.Float, nullable=False),
     )
-    return rows, claims, keys
+    uses = sa.Table(  # what a used claim changed, to undo it when no checkpoint holds it (recover)
+        f"{name}_claim_uses",
+        md,
+        sa.Column("token", sa.String(64), primary_key=True),
+        sa.Column("row_id", sa.BigInteger, primary_key=True),
+        sa.Column("last_use_step_before", sa.BigInteger),
+    )
+    return rows, claims, keys, uses

@@ -85,7 +85,7 @@ class ExperienceSource:
         return True
 
     def after_step(self, step: int, eval_due: bool) -> None:
-        pass
+        self.feed.trained()  # a replay policy may serve this step's batch again from the next step
 
     def close(self) -> None:
         self.feed.close()
@@ -129,6 +129,7 @@ class OnlineSource:
         return self.ahead is None or step == self.ahead.total  # the thread is done by the last step
 
     def after_step(self, step: int, eval_due: bool) -> None:
+        self.experiences.after_step(step, eval_due)
         if self.ahead is not None and eval_due:
             self.ahead.request_eval(step)
 
