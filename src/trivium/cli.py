@@ -216,6 +216,7 @@ def _cmd_check(args) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
+    from trivium.config.validate import config_notes
     from trivium.trainer.precision import explain
 
     for stage in run_cfg.stages:
@@ -223,6 +224,8 @@ def _cmd_check(args) -> int:
         print(f"# stage: {stage.name}")
         if c.mode in ("both", "train"):  # what this machine gives the trainer, and why
             print(f"# {explain(c.trainer.precision, c.model)}")
+        for note in config_notes(c):
+            print(f"# note: {note}")
         print(yaml.safe_dump(c.model_dump(mode="json", exclude={"stages"}), sort_keys=False))
     print(f"OK: {args.config} is valid ({len(run_cfg.stages)} stage(s)).", file=sys.stderr)
     return 0

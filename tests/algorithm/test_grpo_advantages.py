@@ -84,6 +84,22 @@ def test_group_of_one_uses_mu_0_sigma_1():
     assert adv.tolist() == pytest.approx([0.7])
 
 
+def test_a_batch_of_groups_of_one_is_reported_and_warned_about_once(caplog, monkeypatch):
+    # single-choice serve calls: no group baseline, so GRPO is REINFORCE with A = R; not silent
+    import trivium.algorithm.advantages as advantages
+
+    monkeypatch.setattr(advantages, "_warned_single_groups", False)
+    with caplog.at_level("WARNING", logger="trivium.algorithm.advantages"):
+        _, metrics = seq_advantages([1.0, 0.0, 0.5], group_ids=[4, 5, 6])
+        seq_advantages([1.0, 0.0], group_ids=[7, 8])
+    assert metrics["advantage/single_groups_fraction"] == 1.0
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1, warnings  # once per process; the metric records every step
+    assert "3 groups of one" in warnings[0] and "reinforceplusplus" in warnings[0] and "n >= 2" in warnings[0]
+    _, metrics = seq_advantages([1.0, 0.0, 0.5], group_ids=[4, 4, 6])
+    assert metrics["advantage/single_groups_fraction"] == 0.5
+
+
 def test_all_equal_group_is_exactly_zero_even_when_the_mean_rounds():
     adv, metrics = seq_advantages([0.1, 0.1, 0.1, 0.3, 0.2], group_ids=[0, 0, 0, 1, 1])
     assert adv[:3].tolist() == [0.0, 0.0, 0.0]

@@ -259,3 +259,16 @@ def test_workflow_args_of_the_wrong_type_are_named_without_python_internals(fold
     (p,) = problems(folder / "c.yaml", overrides)
     assert p.path == "buffer.taskset.workflow_args" and phrase in p.rule
     assert "object is not" not in p.rule and "not supported between" not in p.rule
+
+
+def test_check_config_notes_that_single_choice_serve_traffic_has_no_group_baseline(folder, capsys):
+    # GRPO (the default) on calls with one choice each: groups of one, A = R; a note, not an error
+    serve = [a for kv in SERVE for a in ("--set", kv)]
+    assert cli(["check-config", str(folder / "c.yaml"), *serve]) == 0
+    out = capsys.readouterr().out
+    assert "# note: " in out and "'grpo' advantages" in out and "reinforceplusplus" in out
+    other = ["--set", "algorithm.algorithm_type=reinforceplusplus"]
+    assert cli(["check-config", str(folder / "c.yaml"), *serve, *other]) == 0
+    assert "# note: " not in capsys.readouterr().out
+    assert cli(["check-config", str(folder / "c.yaml")]) == 0  # mode both: the explorer's groups, no note
+    assert "# note: " not in capsys.readouterr().out

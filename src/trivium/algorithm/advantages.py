@@ -21,6 +21,7 @@ Design decisions:
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -116,6 +117,11 @@ def _group_baseline_advantages(
     return advantages, _sequence_metrics(seq_adv, group, counts)
 
 
+# The estimators whose baseline is the group's (a group of one has none): what check-config names for
+# traffic that comes in groups of one (serve mode). A new group-relative estimator adds its name here.
+GROUP_BASELINE_FNS = ("grpo", "rec", "rloo", "asymre", "reinforceplusplus_baseline", "step_wise_grpo")
+
+
 # Helpers shared by the advantage modules of this package (advantages_*.py).
 
 
@@ -196,12 +202,36 @@ def _group_reduce(values: Tensor, group: Tensor, num_groups: int, reduce: str) -
 
 def _sequence_metrics(seq_adv: Tensor, group: Tensor, counts: Tensor) -> dict[str, float]:
     group_abs_max = _group_reduce(seq_adv.abs(), group, counts.numel(), "amax")
+    single = float((counts == 1).float().mean())
+    if single == 1.0 and counts.numel() > 1:
+        _warn_single_groups_once(counts.numel())
     return {
         "advantage/mean": float(seq_adv.mean()),
         "advantage/std": float(seq_adv.std()) if seq_adv.numel() > 1 else 0.0,
         "advantage/zero_groups_fraction": float((group_abs_max == 0).float().mean()),
+        "advantage/single_groups_fraction": single,
         "advantage/num_groups": float(counts.numel()),
     }
+
+
+_warned_single_groups = False
+
+
+def _warn_single_groups_once(num_groups: int) -> None:
+    """A batch of groups of one (single-choice serve calls, explorer.repeat_times 1) has no group to
+    compare within: say so once per process; ``advantage/single_groups_fraction`` records every step."""
+    global _warned_single_groups
+    if _warned_single_groups:
+        return
+    _warned_single_groups = True
+    logging.getLogger(__name__).warning(
+        "a group-relative advantage got %d groups of one experience each (single-choice serve calls, or "
+        "explorer.repeat_times: 1): there is no group baseline, so each advantage is its bare reward (GRPO: "
+        "A = R), REINFORCE without a baseline, which reinforces every reply when rewards are positive. Ask "
+        "for n >= 2 choices per call and reward each, raise repeat_times, or use algorithm_type: "
+        "reinforceplusplus (a batch-wide baseline). advantage/single_groups_fraction records it every step",
+        num_groups,
+    )
 
 
 def _whiten(values: Tensor, mask: Tensor, epsilon: float = 1e-8) -> Tensor:

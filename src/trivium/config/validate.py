@@ -82,6 +82,25 @@ def check_semantics(cfg: TriviumConfig, prefix: str = "", check_files: bool = Tr
     return problems
 
 
+def config_notes(cfg: TriviumConfig) -> list[str]:
+    """Advice on a valid config: what it will do that its author may not expect (not an error).
+    ``trivium check-config`` prints them, and the run that meets the case logs them."""
+    from trivium.algorithm.advantages import GROUP_BASELINE_FNS
+
+    notes = []
+    preset = preset_or_none(cfg)
+    advantage = cfg.algorithm.advantage_fn or (preset.advantage_fn if preset is not None else None)
+    if cfg.mode == "serve" and advantage in GROUP_BASELINE_FNS:
+        notes.append(
+            f"the train process of this serve config computes {advantage!r} advantages against each call's "
+            "group of choices: a call with one choice (n = 1, most clients) is a group of one with no "
+            "baseline, so its advantage is its bare reward (REINFORCE without a baseline, which reinforces "
+            "every reply when rewards are positive). For single-choice traffic use algorithm.algorithm_type: "
+            "reinforceplusplus (a batch-wide baseline); for GRPO ask for n >= 2 choices and reward each"
+        )
+    return notes
+
+
 def _check_serve(cfg: TriviumConfig, at) -> list[Problem]:
     """Mode serve records into a SQL buffer and follows the weights of a separate train process."""
 

@@ -26,8 +26,8 @@ Design decisions:
   experiences' ``info["feedback"]``.
 - Groups: the ``n`` choices of one call share a ``group_id`` (a hash of the call id), so a client that
   asks for ``n > 1`` and rewards each choice gets group-relative advantages (GRPO); single-choice traffic
-  forms groups of one, whose group-normalised advantage is 0. For it use an algorithm with a batch-wide
-  baseline: ``algorithm_type: reinforceplusplus``. Groups are not completed before training: a FIFO batch
+  forms groups of one, which have no baseline (GRPO: A = R; the trainer warns, and check-config says so).
+  For it use an algorithm with a batch-wide baseline: ``algorithm_type: reinforceplusplus``. Groups are not completed before training: a FIFO batch
   may cut a call's choices apart when their rewards arrive at different times.
 - Off-policy by design: feedback may come long after the call, and the trainer meanwhile publishes newer
   weights. Experiences keep the version that sampled them; ``synchronizer.max_staleness`` drops (or
@@ -229,11 +229,14 @@ class WeightFollower(threading.Thread):
 def serve(cfg, run_dir: Path, policy=None, tokenizer=None, stop: threading.Event | None = None) -> None:
     """Run mode serve until SIGTERM/SIGINT (or ``stop`` is set); ``policy``/``tokenizer``: the loaded
     starting model (loaded from ``model.path`` when None). A newer published version replaces it at once."""
+    from trivium.config.validate import config_notes
     from trivium.launch import build
     from trivium.serve.limits import ServeLimits
     from trivium.serve.openai_server import OpenAIServer
     from trivium.sync.protocol import build_weight_sync
 
+    for note in config_notes(cfg):
+        log.warning("%s", note)
     if policy is None:
         policy, tokenizer = build.load_policy(build.ensure_model(cfg, run_dir), cfg)
     s = cfg.serve
