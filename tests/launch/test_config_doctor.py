@@ -1,7 +1,9 @@
 """`trivium doctor`: the derived quantities of each stage, worked out here from the config by hand, and the
 memory estimate against the measured peak of real runs (quickstart and the 25M engine-benchmark model)."""
 
+import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -208,3 +210,33 @@ def test_the_explore_process_of_a_decoupled_run_holds_no_trainer(tmp_path, tiny_
     assert list(facts.estimate.parts) == ["rollout"]
     rollout = facts.estimate.parts["rollout"]
     assert facts.estimate.peak == rollout["weights"] + rollout["KV cache"] + rollout["activations"]
+
+
+HEAD_WORKER = Path(__file__).with_name("head_memory_worker.py")
+
+
+@pytest.mark.parametrize("vocab", [32_768, 151_936])
+def test_the_trainer_estimate_holds_at_real_vocabularies_and_prompt_lengths(vocab):
+    """The vocabulary head dominates a small model's step at 32k-152k vocabularies. The trainer projects
+    the loss tokens only (64 of a row's 320), so the estimate counts those: within 25% of the measured
+    growth of one GRPO step, where logits for every position would overstate it 3.5-4x."""
+    from trivium.launch.memory_estimate import ModelShape, Shapes, estimate
+
+    prompt, response, rows = 256, 64, 4
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    args = [sys.executable, str(HEAD_WORKER), str(vocab), str(prompt), str(response), str(rows)]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    shape = ModelShape(measured["params"], 2, 64, 4, 2, 16, 128, vocab)  # head_memory_worker.SHAPE
+
+    def step_growth(loss_tokens: int) -> float:
+        s = Shapes(
+            rows, rows, prompt + response, loss_tokens, 0, 0, measured["params"], 0, rollout_engine=False
+        )
+        parts = estimate(shape, s, "float32", "float32").parts["trainer"]
+        return (parts["gradients"] + parts["optimizer state"] + parts["activations"]) / 2**20
+
+    ratio = step_growth(response) / measured["grown_mb"]
+    assert 0.8 <= ratio <= 1.25, (ratio, measured)
+    assert step_growth(prompt + response) / measured["grown_mb"] > 3  # what counting every position said

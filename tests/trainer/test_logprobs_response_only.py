@@ -12,10 +12,10 @@ from transformers import AutoModelForCausalLM
 from trivium.config.schema import LoraConfig
 from trivium.models import lora
 from trivium.trainer.logprobs import (
-    _output_head,
     batched_logprobs,
     forward_logprobs,
     loss_width,
+    output_head,
     rows_by_length,
 )
 from trivium.trainer.parallel import micro_rows
@@ -103,7 +103,7 @@ def test_peft_models_take_the_fast_path_and_their_base_serves_as_reference(polic
     for name, p in model.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.05)
-    assert _output_head(model) is not None
+    assert output_head(model) is not None
     batch = collate(sampled_experiences(policy, tokenizer, n_prompts=2, group=2), 0)
     mask = batch.loss_mask
     fast = batched_logprobs(model, batch, 2)

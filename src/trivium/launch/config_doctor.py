@@ -105,20 +105,20 @@ def longest_prompt(ts, tokenizer, seed: int) -> tuple[int, int]:
     return len(reader), longest
 
 
-def longest_example(cfg, tokenizer) -> tuple[int, int]:
-    """(rows, longest prompt + response in tokens) of the SFT or preference dataset."""
+def longest_example(cfg, tokenizer) -> tuple[int, int, int]:
+    """(rows, longest prompt + response, longest response) in tokens of the SFT or preference dataset."""
     from trivium.buffer.offline import PreferenceReader, SftReader
 
     b = cfg.buffer
     if b.sft_dataset is not None:
         reader = SftReader(b.sft_dataset, tokenizer, seed=cfg.seed)
-        lengths = [int(reader.to_experience(t).tokens.numel()) for t in reader.reader.all_tasks()]
+        examples = [[reader.to_experience(t)] for t in reader.reader.all_tasks()]
     else:
         reader = PreferenceReader(b.preference_dataset, tokenizer, seed=cfg.seed)
-        lengths = [
-            max(int(e.tokens.numel()) for e in reader.to_experiences(t)) for t in reader.reader.all_tasks()
-        ]
-    return len(lengths), max(lengths, default=0)
+        examples = [reader.to_experiences(t) for t in reader.reader.all_tasks()]
+    lengths = [max(int(e.tokens.numel()) for e in pair) for pair in examples]
+    responses = [max(int(e.action_mask.numel()) for e in pair) for pair in examples]
+    return len(lengths), max(lengths, default=0), max(responses, default=0)
 
 
 def stage_facts(stage, index: int, count: int) -> StageFacts:
@@ -138,7 +138,7 @@ def stage_facts(stage, index: int, count: int) -> StageFacts:
     if explores and b.taskset is not None:
         rows, prompt = longest_prompt(b.taskset, tokenizer, cfg.seed)
         k = b.taskset.repeat_times
-        experiences, seq = b.batch_size * k, prompt + r.max_tokens
+        experiences, seq, response = b.batch_size * k, prompt + r.max_tokens, r.max_tokens
         lines.append(
             f"  experiences  {b.batch_size} tasks per step (buffer.batch_size) x {k} samples each "
             f"(taskset.repeat_times) = {experiences} experiences per step"
@@ -149,7 +149,7 @@ def stage_facts(stage, index: int, count: int) -> StageFacts:
         )
         unit = "tasks"
     else:
-        rows, seq = longest_example(cfg, tokenizer)
+        rows, seq, response = longest_example(cfg, tokenizer)
         experiences = b.batch_size
         lines.append(f"  examples     {experiences} examples per step (buffer.batch_size)")
         lines.append(
@@ -157,7 +157,8 @@ def stage_facts(stage, index: int, count: int) -> StageFacts:
             f"{experiences * seq:,} tokens per step"
         )
         unit = "rows"
-    if t.pack_length:
+    if t.pack_length:  # a packed row holds several sequences: its responses' share of the row
+        response = min(t.pack_length, math.ceil(t.pack_length * response / max(seq, 1)))
         seq = t.pack_length
         lines.append(f"               packed into rows of {seq} tokens (trainer.pack_length)")
     total = b.total_steps or b.total_epochs * math.ceil(rows / b.batch_size)
@@ -228,6 +229,7 @@ def stage_facts(stage, index: int, count: int) -> StageFacts:
         experiences=experiences,
         rows_per_micro=fullest_rows,
         seq_len=seq,
+        loss_tokens=response if projects_loss_tokens_only(model) else seq,
         in_flight=in_flight,
         rollout_seq=rollout_seq,
         trainable=trainable,
@@ -247,6 +249,15 @@ def stage_facts(stage, index: int, count: int) -> StageFacts:
         est.steady, est.train_transient = est.parts["rollout"]["weights"], 0.0
     lines += memory_lines(shape, shapes, est, cfg)
     return StageFacts(stage.name, lines, shapes, est, total)
+
+
+def projects_loss_tokens_only(model) -> bool:
+    """Whether the trainer gives only the loss tokens' positions to the vocabulary head for this model
+    (``trainer/logprobs.py``); a model it cannot (soft-capped logits, no ``logits_to_keep``) gets logits
+    at every position."""
+    from trivium.trainer.logprobs import output_head
+
+    return output_head(model) is not None
 
 
 def trainer_precision(cfg):
@@ -272,7 +283,10 @@ def memory_lines(shape: ModelShape, shapes: Shapes, est: Estimate, cfg) -> list[
         if role == "rollout":
             note = f"rollout ({rdtype}, {shapes.in_flight} sequences in flight x {shapes.rollout_seq} tokens)"
         else:
-            note = f"trainer (micro-batch {shapes.rows_per_micro} x {shapes.seq_len} tokens)"
+            note = (
+                f"trainer (micro-batch {shapes.rows_per_micro} x {shapes.seq_len} tokens, "
+                f"{min(shapes.loss_tokens, shapes.seq_len)} a row through the vocabulary head)"
+            )
         lines.append(f"    {note}: " + ", ".join(f"{k} {mib(v)}" for k, v in parts.items()))
     how = "sampling and training at once" if est.overlap else "the larger of training and sampling"
     lines.append(

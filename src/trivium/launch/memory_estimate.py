@@ -5,7 +5,10 @@ Every figure is bytes of tensors, counted from shapes and dtypes (docs/observabi
 - trainer: the policy's weights, its gradients (trainable weights, model dtype), AdamW's two moments (model
   dtype), frozen copies (reference model), and the activations one micro-batch keeps for its backward pass:
   per token and decoder layer ``ACT_PER_TOKEN_LAYER`` vectors (below), plus the head's logits: the logits,
-  their gradient and the softmax of the log-prob in float32 (3 x tokens x vocab);
+  their gradient and the softmax of the log-prob in float32 (3 x loss tokens x vocab). Only the positions
+  that predict a loss token (the response) go through the head (``trainer/logprobs.py``), so at 32k-152k
+  vocabularies and long prompts this is the response's share, not the whole row's; a model the trainer
+  cannot project that way (logit soft-capping, no ``logits_to_keep``) gets logits for every position;
 - rollout (transformers engine, in the same process): its own copy of the weights (rollout dtype), the KV
   cache of every sequence in flight at its longest (2 x layers x kv width x tokens), and the prefill's
   activations (one layer's MLP at a time, logits of the last position only);
@@ -70,6 +73,7 @@ class Shapes:
     experiences: int  # sequences trained per step
     rows_per_micro: int  # rows of one micro-batch on one rank
     seq_len: int  # longest prompt + longest response, tokens
+    loss_tokens: int  # tokens of a row whose logits the trainer computes: the longest response (or seq_len)
     in_flight: int  # sequences the rollout engine samples at once
     rollout_seq: int  # their longest prompt + max_tokens
     trainable: int  # trainable parameters (LoRA: the adapters)
@@ -110,7 +114,8 @@ def estimate(
     wb, rb = DTYPE_BYTES[model_dtype], DTYPE_BYTES[rollout_dtype]
     tokens = s.rows_per_micro * s.seq_len
     act = tokens * shape.layers * shape.act_bytes_per_token_layer(wb, autocast)
-    head = 3 * tokens * shape.vocab * 4  # logits, their gradient, the log-softmax's exp: float32
+    # logits, their gradient, the log-softmax's exp: float32, at the loss tokens only
+    head = 3 * s.rows_per_micro * min(s.loss_tokens, s.seq_len) * shape.vocab * 4
     trainer = {
         "weights": shape.params * wb * (1 / shards + s.frozen_copies),
         "gradients": s.trainable * wb / shards,

@@ -37,7 +37,7 @@ def forward_logprobs(
     soft-capping or scaling) and models without ``logits_to_keep`` take the full path, as does
     ``only_loss_tokens=False``. Logits are upcast to float32 before log-softmax in both.
     """
-    head = _output_head(model) if only_loss_tokens else None
+    head = output_head(model) if only_loss_tokens else None
     if head is None:
         return _full_logprobs(model, batch, temperature, entropy)
     width, used = batch.input_ids.shape[1], loss_width(batch.loss_mask)
@@ -127,7 +127,7 @@ def _scatter(values: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(out, (1, 0), value=0.0)
 
 
-def _output_head(model: torch.nn.Module) -> torch.nn.Module | None:
+def output_head(model: torch.nn.Module) -> torch.nn.Module | None:
     """The module that maps final hidden states to logits, when the logits are exactly its output and
     the model can skip its own projection; None otherwise (the full path)."""
     import inspect

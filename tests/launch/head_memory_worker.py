@@ -1,0 +1,68 @@
+"""One GRPO train step of a 2-layer model at a real vocabulary, and what it added to resident memory:
+``python tests/launch/head_memory_worker.py VOCAB PROMPT RESPONSE ROWS`` prints one JSON line (MiB).
+
+The growth is measured as ``VmHWM`` after the step minus ``VmRSS`` before it, with the kernel's mark reset
+just before (``/proc/self/clear_refs``): the step's gradients, AdamW's moments (made at the first step)
+and the micro-batch's activations, the vocabulary head's included. Run it with
+``MALLOC_MMAP_THRESHOLD_=65536`` (the test does) so that freed tensors leave RSS at once.
+"""
+
+import gc
+import json
+import re
+import sys
+from pathlib import Path
+
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from trivium.config.schema import AlgorithmConfig, TrainerConfig
+from trivium.trainer.spec import AlgorithmSpec
+from trivium.trainer.trainer import Trainer
+from trivium.types import Experience
+
+SHAPE = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+SHAPE["intermediate_size"] = 128
+
+
+def status_mb(field: str) -> float:
+    found = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE)
+    return int(found.group(1)) / 1024
+
+
+def main(vocab: int, prompt: int, response: int, rows: int) -> None:
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=vocab, tie_word_embeddings=False, **SHAPE))
+    trainer = Trainer(
+        model,
+        TrainerConfig(lr=1e-4, micro_batch_size=rows, precision="fp32"),
+        AlgorithmSpec.from_config(AlgorithmConfig(algorithm_type="grpo")),
+        pad_token_id=0,
+        total_steps=1,
+        max_response_length=response,
+    )
+    g = torch.Generator().manual_seed(1)
+    batch = [
+        Experience(
+            tokens=torch.randint(1, vocab, (prompt + response,), generator=g),
+            prompt_length=prompt,
+            action_mask=torch.ones(response, dtype=torch.bool),
+            logprobs=-torch.rand(response, generator=g),
+            reward=float(i % 2),
+            group_id=0,
+            run_index=i,
+        )
+        for i in range(rows)
+    ]
+    gc.collect()
+    Path("/proc/self/clear_refs").write_text("5")
+    before = status_mb("VmRSS")
+    metrics = trainer.train_step(batch)
+    grown = status_mb("VmHWM") - before
+    params = sum(p.numel() for p in model.parameters())
+    print(json.dumps({"grown_mb": grown, "params": params, "loss": float(metrics["train/loss"])}))
+
+
+if __name__ == "__main__":
+    main(*map(int, sys.argv[1:]))
