@@ -210,3 +210,51 @@ def test_a_hub_id_is_kept_as_written_and_a_missing_file_is_still_reported(tmp_pa
     assert resolved.buffer.tasksets[1].path == str(tmp_path / "missing.jsonl")
     missing = [p for p in check_semantics(resolved) if p.rule == "file not found"]
     assert [p.path for p in missing] == ["buffer.tasksets[1].path"]
+
+
+SFT = [{"prompt": f"What is {i} + {i}?", "response": str(2 * i)} for i in range(4)]
+PAIRS = [
+    {"prompt": f"What is {i} + {i}?", "chosen": str(2 * i), "rejected": str(2 * i + 1)} for i in range(4)
+]
+
+
+def write_csv(path, rows):
+    import csv
+
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def test_sft_preference_and_expert_data_take_every_source_a_task_set_takes(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    """One reader for every dataset role: SFT, DPO and expert data from CSV files and save_to_disk folders
+    (they read local JSON/JSONL/Parquet only before), and a hub id is tried as a hub id, naming the field."""
+    import datasets
+
+    from trivium.buffer.offline import PreferenceReader, SftReader
+    from trivium.config.schema import PreferenceDatasetConfig, SftDatasetConfig
+    from trivium.models.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    sft_csv = SftReader(SftDatasetConfig(path=str(write_csv(tmp_path / "sft.csv", SFT))), tokenizer)
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(SFT[:1]), "test": datasets.Dataset.from_list(SFT)}
+    ).save_to_disk(str(tmp_path / "sft_disk"))
+    sft_disk = SftReader(SftDatasetConfig(path=str(tmp_path / "sft_disk"), split="test"), tokenizer)
+    for reader in (sft_csv, sft_disk):
+        assert [t.data["response"] for t in reader.reader.all_tasks()] == [r["response"] for r in SFT]
+        assert reader.next_batch(2)[0].action_mask.all()  # experiences, loss on the response
+    pairs = PreferenceReader(
+        PreferenceDatasetConfig(path=str(write_csv(tmp_path / "p.csv", PAIRS))), tokenizer
+    )
+    assert [p.pair_id for p in pairs.next_batch(4)] and len(pairs) == 4
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(
+        TaskDataError, match=r"buffer\.expert_dataset\.path: .*'someone/demos'.*HF_HUB_OFFLINE"
+    ):
+        SftReader(SftDatasetConfig(path="someone/demos"), tokenizer, field="buffer.expert_dataset")

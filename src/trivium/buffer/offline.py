@@ -29,9 +29,12 @@ SFT_FORMATS = {
 PREFERENCE_FIELDS = {"prompt": (str,), "chosen": (str,), "rejected": (str,)}
 
 
-def _reader(cfg, required, name: str, seed: int) -> TaskSetReader:
+def _reader(cfg, required, name: str, seed: int, field: str) -> TaskSetReader:
+    from trivium.buffer.sources import section_rows
+
+    rows = section_rows(cfg, name, field)  # None: a local file the task reader reads itself
     return TaskSetReader(
-        cfg.path,
+        cfg.path if rows is None else rows,
         name=name,
         fields={**{k: k for k in required}, **cfg.fields},
         required=required,
@@ -65,10 +68,10 @@ class _OfflineReader:
 class SftReader(_OfflineReader):
     """Demonstrations as experiences: the prompt, then the response; loss on the response only."""
 
-    def __init__(self, cfg: SftDatasetConfig, tokenizer, seed: int = 0):
+    def __init__(self, cfg: SftDatasetConfig, tokenizer, seed: int = 0, field: str = "buffer.sft_dataset"):
         self.cfg = cfg
         self.tokenizer = tokenizer
-        self.reader = _reader(cfg, SFT_FORMATS[cfg.format], "sft", seed)
+        self.reader = _reader(cfg, SFT_FORMATS[cfg.format], "sft", seed, field)
 
     def next_batch(self, batch_size: int) -> list[Experience]:
         return [self.to_experience(t) for t in self.reader.next_batch(batch_size)]
@@ -89,10 +92,12 @@ class SftReader(_OfflineReader):
 class PreferenceReader(_OfflineReader):
     """Preference rows as ``PreferencePair``s of token ids."""
 
-    def __init__(self, cfg: PreferenceDatasetConfig, tokenizer, seed: int = 0):
+    def __init__(
+        self, cfg: PreferenceDatasetConfig, tokenizer, seed: int = 0, field: str = "buffer.preference_dataset"
+    ):
         self.cfg = cfg
         self.tokenizer = tokenizer
-        self.reader = _reader(cfg, PREFERENCE_FIELDS, "preference", seed)
+        self.reader = _reader(cfg, PREFERENCE_FIELDS, "preference", seed, field)
 
     def next_batch(self, batch_size: int) -> list[PreferencePair]:
         return [self.to_pair(t) for t in self.reader.next_batch(batch_size)]

@@ -54,7 +54,9 @@ class MixExpertData(SampleStrategy):
         from trivium.buffer.offline import SftReader
 
         self.per_step = cfg.buffer.expert_per_step if expert_per_step is None else expert_per_step
-        self.reader = SftReader(cfg.buffer.expert_dataset, tokenizer, seed=cfg.seed)
+        self.reader = SftReader(
+            cfg.buffer.expert_dataset, tokenizer, seed=cfg.seed, field="buffer.expert_dataset"
+        )
 
     @classmethod
     def problems(cls, cfg: TriviumConfig, args: dict) -> list[tuple[str, str, str]]:

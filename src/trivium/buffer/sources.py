@@ -31,7 +31,7 @@ from trivium.buffer.task_files import TaskDataError
 from trivium.config.schema_data import looks_like_hub_id
 from trivium.registry import Registry, callable_part
 
-__all__ = ["TASK_OPS", "apply_task_ops", "source_rows", "taskset_rows"]
+__all__ = ["TASK_OPS", "apply_task_ops", "section_rows", "source_rows"]
 
 log = logging.getLogger(__name__)
 _DATASET_MARKERS = ("dataset_info.json", "dataset_dict.json", "state.json")
@@ -63,16 +63,25 @@ def source_rows(
     return None
 
 
-def taskset_rows(ts: Any, name: str, field: str) -> list[dict[str, Any]] | None:
-    """The rows of a taskset section (``TaskSetConfig``) after its ``task_ops``, or None when the task
-    reader can read its path itself and there are no operators. ``field``: the section's config path."""
-    rows = source_rows(ts.path, split=ts.split, subset=ts.subset, revision=ts.revision, field=f"{field}.path")
-    if ts.task_ops:  # the task reader's own files are read here first: the operators need the rows
+def section_rows(section: Any, name: str, field: str) -> list[dict[str, Any]] | None:
+    """The rows of a dataset section of any role (a task set, SFT, preference or expert data: a config
+    with ``path``, ``split``, ``subset``, ``revision``) after its ``task_ops`` if it has them, or None when
+    the task reader can read its path itself and there are no operators. ``field``: the section's config
+    path. Every role reads its data through here, so each takes every source a task set takes."""
+    rows = source_rows(
+        section.path,
+        split=section.split,
+        subset=section.subset,
+        revision=section.revision,
+        field=f"{field}.path",
+    )
+    ops = getattr(section, "task_ops", ())
+    if ops:  # the task reader's own files are read here first: the operators need the rows
         if rows is None:
             from trivium.buffer.task_files import load_rows
 
-            rows = load_rows(ts.path, taskset=name, max_rows=ts.max_rows).rows
-        rows = apply_task_ops(rows, ts.task_ops, taskset=name)
+            rows = load_rows(section.path, taskset=name, max_rows=section.max_rows).rows
+        rows = apply_task_ops(rows, ops, taskset=name)
     return rows
 
 

@@ -99,7 +99,7 @@ def check_data_files(cfg: TriviumConfig, prefix: str = "") -> list[Problem]:
     row checked; see ``buffer/task_reader.py``): what ``trivium check-config`` adds to the field checks, so
     that a file a run would refuse is refused here too. Rows skipped by ``on_bad_row: skip`` are logged."""
     from trivium.buffer.offline import PREFERENCE_FIELDS, SFT_FORMATS
-    from trivium.buffer.sources import taskset_rows
+    from trivium.buffer.sources import section_rows
     from trivium.buffer.task_files import TaskDataError
     from trivium.buffer.task_reader import TaskSetReader
     from trivium.rewards.registry import reward_task_fields
@@ -129,7 +129,7 @@ def check_data_files(cfg: TriviumConfig, prefix: str = "") -> list[Problem]:
         fields = {**{k: k for k in (*required, *optional)}, **section.fields}
         name = getattr(section, "name", "") or Path(section.path).stem or field
         try:
-            rows = taskset_rows(section, name, field) if isinstance(section, TaskSetConfig) else None
+            rows = section_rows(section, name, field)
             TaskSetReader(
                 section.path if rows is None else rows,
                 name=name,

@@ -20,7 +20,12 @@ from trivium.config.schema_base import (  # noqa: F401 (re-exported: the bounds 
     STEPS_MAX,
     StrictModel,
 )
-from trivium.config.schema_data import BufferDataFields, OperatorConfig, TaskSourceFields  # noqa: F401
+from trivium.config.schema_data import (  # noqa: F401
+    BufferDataFields,
+    HubSourceFields,
+    OperatorConfig,
+    TaskSourceFields,
+)
 from trivium.config.schema_run import (  # noqa: F401 (re-exported)
     ActorResources,
     ClusterConfig,
@@ -151,8 +156,6 @@ class TaskSetConfig(TaskSourceFields):
     (.py) are refused: the installed datasets library no longer runs them."""
     name: str = ""
     """Name used in task ids, metrics and errors; defaults to the file stem."""
-    split: str = "train"
-    """The split of a Hugging Face dataset (id or save_to_disk folder); files are one split."""
     fields: dict[str, str] = Field(default_factory=dict)
     """Map from the workflow's field name to the column in the file, e.g. {question: problem}."""
     workflow: str = "math"
@@ -176,9 +179,11 @@ class TaskSetConfig(TaskSourceFields):
     """Use only the first N rows (quick runs)."""
 
 
-class SftDatasetConfig(StrictModel):
+class SftDatasetConfig(HubSourceFields):
     path: str = ""
-    """JSON, JSONL or Parquet file of demonstrations, relative to the config file's folder."""
+    """Demonstrations: a JSON, JSONL or Parquet file or a folder of them, a CSV file, a
+    datasets.save_to_disk folder, or a Hugging Face dataset id (relative to the config file's folder),
+    read like a task set's path (docs/data.md)."""
     format: Literal["prompt_response", "messages"] = "prompt_response"
     """prompt_response: a user prompt and an assistant response per row; messages: a chat 'messages' list
     (multi-turn; every assistant turn is trained on)."""
@@ -194,9 +199,11 @@ class SftDatasetConfig(StrictModel):
     """Use only the first N rows."""
 
 
-class PreferenceDatasetConfig(StrictModel):
+class PreferenceDatasetConfig(HubSourceFields):
     path: str = ""
-    """JSON, JSONL or Parquet file of preference pairs, relative to the config file's folder."""
+    """Preference pairs: a JSON, JSONL or Parquet file or a folder of them, a CSV file, a
+    datasets.save_to_disk folder, or a Hugging Face dataset id (relative to the config file's folder),
+    read like a task set's path (docs/data.md)."""
     fields: dict[str, str] = Field(default_factory=dict)
     """Map from 'prompt'/'chosen'/'rejected' to the columns in the file."""
     system_prompt: str | None = None

@@ -22,15 +22,24 @@ class OperatorConfig(StrictModel):
     """Keyword arguments of the operator."""
 
 
-class TaskSourceFields(StrictModel):
-    """Where a task set's rows come from besides a local file, how much of the mix it is, and its row ops."""
+class HubSourceFields(StrictModel):
+    """Which part of a Hugging Face dataset a path names (a hub id or a save_to_disk folder): every dataset
+    role (task sets, SFT, preference and expert data) reads its path through one reader
+    (``buffer/sources.py``)."""
 
-    weight: float = Field(1.0, gt=0)
-    """Share of the tasks drawn from this set when buffer.tasksets lists several (normalised over the list)."""
+    split: str = "train"
+    """The split of a Hugging Face dataset (id or save_to_disk folder); files are one split."""
     subset: str | None = None
     """Hugging Face dataset configuration (datasets.load_dataset's name) when path is a hub id."""
     revision: str | None = None
     """Hugging Face dataset revision (branch, tag or commit) when path is a hub id."""
+
+
+class TaskSourceFields(HubSourceFields):
+    """Where a task set's rows come from besides a local file, how much of the mix it is, and its row ops."""
+
+    weight: float = Field(1.0, gt=0)
+    """Share of the tasks drawn from this set when buffer.tasksets lists several (normalised over the list)."""
     task_ops: list[OperatorConfig] = Field(default_factory=list)
     """Row operators run in order after loading, before the rows are checked: field transforms, filters,
     deduplication, or your own 'module:function' (docs/data.md)."""

@@ -54,15 +54,14 @@ def resolve_paths(cfg: TriviumConfig, base_dir: Path) -> TriviumConfig:
     if data["bench"]["checkpoint_dir"]:
         data["bench"]["checkpoint_dir"] = local(data["bench"]["checkpoint_dir"])
     buf = data["buffer"]
-    for ts in [buf["taskset"], *buf["tasksets"], *buf["eval_tasksets"]]:  # a hub id stays as written
-        if ts is not None and not looks_like_hub_id(ts["path"], base_dir):
-            ts["path"] = local(ts["path"])
+    datasets = [buf["sft_dataset"], buf["preference_dataset"], buf["expert_dataset"]]
     for ts in [
-        buf["sft_dataset"],
-        buf["preference_dataset"],
-        buf["expert_dataset"],
-    ]:
-        if ts is not None:
+        buf["taskset"],
+        *buf["tasksets"],
+        *buf["eval_tasksets"],
+        *datasets,
+    ]:  # a hub id stays as written
+        if ts is not None and not looks_like_hub_id(ts["path"], base_dir):
             ts["path"] = local(ts["path"])
     return TriviumConfig.model_validate(data)
 
@@ -462,7 +461,7 @@ def _check_data(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
             out.append(
                 Problem(at("buffer.sft_dataset.path"), sd.path, "a dataset needs a file", "set its path")
             )
-        elif check_files and not Path(sd.path).exists():
+        elif check_files and not Path(sd.path).exists() and not is_hub_path(sd.path):
             out.append(Problem(at("buffer.sft_dataset.path"), sd.path, "file not found", "check the path"))
         for key in sd.fields:
             if key not in ("prompt", "response"):

@@ -154,14 +154,14 @@ def sampling_params(cfg: TriviumConfig) -> tuple[SamplingParams, SamplingParams]
 
 
 def task_reader(ts: TaskSetConfig, seed: int, is_eval: bool, field: str = "buffer.taskset"):
-    from trivium.buffer.sources import taskset_rows
+    from trivium.buffer.sources import section_rows
     from trivium.buffer.task_reader import TaskSetReader
     from trivium.rewards.registry import reward_task_fields
     from trivium.workflows.registry import get_workflow
 
     workflow = get_workflow(ts.workflow)
     name = ts.name or Path(ts.path).stem
-    rows = taskset_rows(ts, name, field)  # None: the reader reads the file itself
+    rows = section_rows(ts, name, field)  # None: the reader reads the file itself
     return TaskSetReader(
         ts.path if rows is None else rows,
         name=name,
