@@ -1,9 +1,14 @@
-"""Helpers of the tests that run `trivium run` in a subprocess (killed and resumed runs)."""
+"""Helpers of the tests that run `trivium run` in a subprocess (killed and resumed runs), and of those
+that run mode serve in a thread."""
 
+import contextlib
+import json
 import math
 import os
 import subprocess
 import sys
+import threading
+import time
 
 
 def trivium_run(path, kill_at="", *extra, timeout=300):
@@ -43,3 +48,25 @@ def assert_same_records(got, ref):
             k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if not same_value(a.get(k), b.get(k))
         }
         assert not diff, f"stage {a.get('stage')} step {a.get('step')}: (resumed, reference) {diff}"
+
+
+@contextlib.contextmanager
+def serving(stage_config, run_dir, timeout=60):
+    """Mode serve (``serve_mode.serve``) in a thread of this process; yields its ``serve.json`` once it is
+    up, and stops it on the way out."""
+    from trivium.serve.serve_mode import serve
+
+    stop = threading.Event()
+    thread = threading.Thread(target=serve, args=(stage_config, run_dir), kwargs={"stop": stop})
+    thread.start()
+    try:
+        deadline = time.monotonic() + timeout
+        while not (run_dir / "serve.json").exists():
+            assert thread.is_alive(), "the server stopped before writing serve.json"
+            assert time.monotonic() < deadline, f"no serve.json after {timeout} s"
+            time.sleep(0.1)
+        yield json.loads((run_dir / "serve.json").read_text())
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+    assert not thread.is_alive(), "the server did not stop within 60 s"

@@ -207,30 +207,21 @@ def test_in_process_server_needs_the_key_for_feedback_and_bounds_its_sessions(
 ):
     """serve() in a thread: /feedback is behind the API key, and the default session is replaced every
     keep_calls calls (the calls stay in the buffer)."""
-    import threading
+    from tests.launch.helpers import serving
 
     from trivium.config import validate_raw
-    from trivium.serve.serve_mode import serve
 
     monkeypatch.setenv("TRIVIUM_TEST_KEY", "secret")
     raw = serve_config(tmp_path, tiny_model_dir, api_key_env="TRIVIUM_TEST_KEY", keep_calls=2)
     (stage,) = validate_raw({**raw, "mode": "serve"}, tmp_path).stages
     run_dir = tmp_path / "runs" / "trivium" / "inproc"
     run_dir.mkdir(parents=True)
-    stop = threading.Event()
-    thread = threading.Thread(target=serve, args=(stage.config, run_dir), kwargs={"stop": stop})
-    thread.start()
-    try:
-        info = wait_for(run_dir / "serve.json", thread.is_alive, timeout=60)
+    with serving(stage.config, run_dir) as info:
         client = openai.OpenAI(base_url=info["base_url"], api_key="secret", max_retries=0)
         ids = [client.chat.completions.create(model="m", messages=QUESTION).id for _ in range(3)]
         status, body = post(info["feedback_url"], {"id": ids[0], "reward": 1.0})
         assert status == 401 and "Authorization: Bearer" in body["error"]["message"]
         assert get_json(f"{info['url']}/health")["sessions"] == 1
-    finally:
-        stop.set()
-        thread.join(timeout=60)
-    assert not thread.is_alive()
     with sqlite3.connect(run_dir / "buffer.sqlite") as conn:
         found = conn.execute("SELECT task_id, fields FROM experiences ORDER BY id").fetchall()
     assert [t for t, _ in found] == ids

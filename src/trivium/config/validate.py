@@ -308,8 +308,8 @@ def _check_algorithm(cfg: TriviumConfig, at) -> list[Problem]:
                 "use mode: both; or mode train with buffer.storage, fed by a separate explore process",
             )
         )
-    if preset.offline_data == "preference":
-        out.extend(_preference_trainer_problems(cfg, at))
+    if preset.offline_data is not None and cfg.mode == "train":
+        out.extend(_offline_trainer_problems(cfg, at, preset.offline_data))
     if not preset.needs_rollouts and cfg.mode == "both":
         out.append(
             Problem(
@@ -319,16 +319,45 @@ def _check_algorithm(cfg: TriviumConfig, at) -> list[Problem]:
     return out
 
 
-# Fields the preference (DPO) trainer does not read (trainer/dpo.py: one update per batch of padded pairs,
-# through the pair loss alone): (path, value, its default, why), a value other than the default is refused.
-def _preference_trainer_inert(cfg: TriviumConfig) -> tuple[tuple[str, Any, Any, str], ...]:
+# Fields an offline trainer (SFT, DPO: a dataset, no rollouts) does not act on: (path, value, its default,
+# why); a value other than the default is refused. tests/config/test_inert_keys.py finds the ones missing.
+def _offline_trainer_inert(cfg: TriviumConfig, kind: str) -> tuple[tuple[str, Any, Any, str], ...]:
     a, t = cfg.algorithm, cfg.trainer
+    rollouts_only = (
+        (
+            "algorithm.rollout_is_cap",
+            a.rollout_is_cap,
+            0.0,
+            "a dataset has no rollouts whose sampling policy needs correcting",
+        ),
+        (
+            "algorithm.kl_penalty.coef",
+            a.kl_penalty.coef,
+            0.0,
+            "the reward KL penalty shapes rollout rewards, and a dataset step has none (a pull to the reference: "
+            + ("algorithm.kl_loss" if kind == "sft" else "algorithm.dpo.beta")
+            + ")",
+        ),
+        (
+            "algorithm.overlong_penalty.enabled",
+            a.overlong_penalty.enabled,
+            False,
+            "the overlong penalty shapes the rewards of rollouts cut at max_tokens",
+        ),
+        (
+            "algorithm.dynamic_sampling.enabled",
+            a.dynamic_sampling.enabled,
+            False,
+            "dynamic sampling explores again for groups with reward variance; a dataset step explores nothing",
+        ),
+    )
+    if kind != "preference":
+        return rollouts_only
     return (
+        *rollouts_only,
         ("algorithm.kl_loss.coef", a.kl_loss.coef, 0.0,
          "the DPO loss holds its own pull to the reference: algorithm.dpo.beta"),
         ("algorithm.entropy_coef", a.entropy_coef, 0.0, "the DPO loss has no entropy term"),
-        ("algorithm.rollout_is_cap", a.rollout_is_cap, 0.0,
-         "DPO learns from preference pairs, not from rollouts to correct"),
         ("trainer.ppo_epochs", t.ppo_epochs, 1, "DPO makes one pass over each batch of pairs"),
         ("trainer.mini_batch_size", t.mini_batch_size, 0,
          "DPO makes one update per batch: buffer.batch_size sets the pairs of a step"),
@@ -337,15 +366,16 @@ def _preference_trainer_inert(cfg: TriviumConfig) -> tuple[tuple[str, Any, Any, 
     )  # fmt: skip
 
 
-def _preference_trainer_problems(cfg: TriviumConfig, at) -> list[Problem]:
+def _offline_trainer_problems(cfg: TriviumConfig, at, kind: str) -> list[Problem]:
     return [
         Problem(
             at(path),
             value,
             f"algorithm '{cfg.algorithm.algorithm_type}' does not use it: {why}",
-            f"remove {path} (its default: {default})",
+            f"remove {path} (its default: {default}); in a multi-stage config, set it in the stage that "
+            "uses it rather than at the top level, which every stage inherits",
         )
-        for path, value, default, why in _preference_trainer_inert(cfg)
+        for path, value, default, why in _offline_trainer_inert(cfg, kind)
         if value != default
     ]
 

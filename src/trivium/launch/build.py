@@ -277,7 +277,15 @@ def read_policy(cfg: TriviumConfig):
     from trivium.buffer.replay import FIFO, ReplayPolicy
 
     s = cfg.buffer.storage
-    return FIFO if s.policy == "fifo" else ReplayPolicy(**s.replay.model_dump())
+    if s.policy == "fifo":
+        return FIFO
+    r = s.replay
+    return ReplayPolicy(
+        version_weight=r.version_weight,
+        use_weight=r.use_weight,
+        cooldown_steps=r.cooldown_steps,
+        max_uses=r.max_uses,
+    )
 
 
 def feed(cfg: TriviumConfig, run_dir: Path, per_step: int):
