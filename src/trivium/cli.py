@@ -174,6 +174,7 @@ def _cmd_run(args) -> int:
         print(exc, file=sys.stderr)
         return 2
     from trivium.buffer.task_reader import TaskDataError
+    from trivium.launch.loop import EvalFailed
     from trivium.launch.ranks import RankFailed
     from trivium.launch.ray_cluster import ClusterError
     from trivium.launch.resume import ResumeRefused
@@ -191,7 +192,7 @@ def _cmd_run(args) -> int:
     ) as exc:  # the message says what to do
         print(exc, file=sys.stderr)
         return 2
-    except (RankFailed, TrainingDiverged) as exc:  # the message says what happened and what to do
+    except (RankFailed, TrainingDiverged, EvalFailed) as exc:  # the message says what happened and what to do
         logging.getLogger("trivium").error("%s", exc)
         return 1
     except RunStopped as exc:  # SIGTERM / Ctrl-C: a checkpoint was written, a rerun continues

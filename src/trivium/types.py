@@ -45,6 +45,7 @@ class Task:
     raw: Mapping[str, Any] = field(default_factory=dict)
     reward_args: Mapping[str, Any] = field(default_factory=dict)  # keyword arguments of the reward
     reward_timeout_s: float = 0.0  # a reward call over this scores 0 (rewards/guard.py); 0 = no limit
+    on_long_row: str = "skip"  # a prompt that fills the model's context: skip, truncate or error
 
 
 @dataclass(frozen=True)

@@ -115,15 +115,9 @@ def traced_reads():
 
 
 def base(tmp: Path, model_dir: Path, name: str) -> dict[str, Any]:
-    return {
-        "project": "inert",
-        "name": name,
-        "checkpoint_root": str(tmp / "runs"),
-        "model": {"path": str(model_dir)},
-        "runtime": {"num_threads": 1},
-        "monitor": {"progress_bar": False},
-        "explorer": {"rollout": {"max_tokens": 6}, "eval_at_start": False},
-    }
+    from tests.launch.helpers import tiny_run_config
+
+    return tiny_run_config(tmp, model_dir, "inert", name)
 
 
 def grpo_everything(tmp: Path, model_dir: Path, data: Path) -> dict[str, Any]:

@@ -70,3 +70,17 @@ def serving(stage_config, run_dir, timeout=60):
         stop.set()
         thread.join(timeout=60)
     assert not thread.is_alive(), "the server did not stop within 60 s"
+
+
+def tiny_run_config(folder, model_dir, project, name, max_tokens=6):
+    """The common part of an in-process test run's config: the tiny model, one CPU thread, no progress bar,
+    short samples and no evaluation before the first step; the caller adds the stage's own sections."""
+    return {
+        "project": project,
+        "name": name,
+        "checkpoint_root": str(folder / "runs"),
+        "model": {"path": str(model_dir)},
+        "runtime": {"num_threads": 1},
+        "monitor": {"progress_bar": False},
+        "explorer": {"rollout": {"max_tokens": max_tokens}, "eval_at_start": False},
+    }

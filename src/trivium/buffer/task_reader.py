@@ -64,6 +64,7 @@ class TaskSetReader:
         workflow_args: Mapping[str, Any] | None = None,
         reward_args: Mapping[str, Any] | None = None,
         reward_timeout_s: float = 0.0,
+        on_long_row: Literal["skip", "truncate", "error"] = "skip",
         is_eval: bool = False,
         split: str = "train",
         on_bad_row: Literal["error", "skip"] = "error",
@@ -103,6 +104,7 @@ class TaskSetReader:
             "workflow_args": dict(workflow_args or {}),
             "reward_args": dict(reward_args or {}),
             "reward_timeout_s": reward_timeout_s,
+            "on_long_row": on_long_row,
             "is_eval": is_eval,
             "taskset": name,
         }

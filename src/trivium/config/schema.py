@@ -175,6 +175,11 @@ class TaskSetConfig(TaskSourceFields):
     """Shuffle the rows every epoch (seeded: the order depends only on the seed and the epoch)."""
     on_bad_row: Literal["error", "skip"] = "error"
     """A row with a missing, mistyped or empty field: stop with an error naming it, or skip and count it."""
+    on_long_row: Literal["skip", "truncate", "error"] = "skip"
+    """A row whose prompt fills the model's context (known once rendered and tokenised, at run time):
+    skip it and count it (rollout/skipped_long_tasks, eval/<set>/skipped_long_tasks), truncate its oldest
+    tokens so the response keeps room (counted in .../truncated_prompts), or stop the run naming the row.
+    Only its own task is affected, never the others of its batch."""
     max_rows: int | None = Field(None, ge=1, le=STEPS_MAX)
     """Use only the first N rows (quick runs)."""
 

@@ -28,15 +28,28 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from trivium import faults as fault_sites
+from trivium.buffer.task_files import TaskDataError
 from trivium.envs.calls import hung_calls
 from trivium.faults import FaultInjector
-from trivium.models.handle import ModelHandle, WorkflowTimeoutError
+from trivium.models.handle import ModelHandle, PromptTooLong, WorkflowTimeoutError
 from trivium.models.protocol import SamplingParams
 from trivium.monitor.phases import PEAK_RSS
 from trivium.types import Experience, Task
 from trivium.workflows.registry import get_workflow
 
 log = logging.getLogger(__name__)
+
+
+class LongRowError(TaskDataError):
+    """A task's prompt fills the model's context and its task set says ``on_long_row: error``."""
+
+    def __init__(self, task: Task, cause: PromptTooLong):
+        super().__init__(
+            f"task set {task.taskset!r} row {task.index} (task {task.task_id}): {cause}, and the task set has "
+            "on_long_row: error. Shorten the row or use a model with a longer context, or set the task "
+            "set's on_long_row: skip (drop such rows, counted in skipped_long_tasks) or truncate (cut the "
+            "prompt's oldest tokens, counted in truncated_prompts)"
+        )
 
 
 @dataclass
@@ -46,6 +59,8 @@ class TaskResult:
     error: BaseException | None = None
     failed_runs: int = 0  # episodes the workflow dropped (an environment raised or hung)
     retries: int = 0  # extra attempts the task took
+    skipped_long: bool = False  # its prompt filled the model's context (on_long_row: skip)
+    truncated_prompts: int = 0  # prompts cut to fit the context (on_long_row: truncate)
 
 
 class Explorer:
@@ -129,7 +144,7 @@ class Explorer:
         self._phase = f"explore:{step}"
         version = self.model.version
         kept: list[list[Experience]] = []
-        tasks_run = failed = dropped = rounds = failed_runs = retries = 0
+        tasks_run = failed = dropped = rounds = failed_runs = retries = skipped_long = truncated = 0
         sampled: list[Experience] = []  # everything sampled, for the rollout metrics
         op_metrics: dict[str, float] = {}
         groups_seen = informative = 0
@@ -141,6 +156,8 @@ class Explorer:
             failed += sum(r.error is not None for r in results)
             failed_runs += sum(r.failed_runs for r in results)
             retries += sum(r.retries for r in results)
+            skipped_long += sum(r.skipped_long for r in results)
+            truncated += sum(r.truncated_prompts for r in results)
             round_groups = []
             for r in results:
                 if not r.experiences:
@@ -186,6 +203,8 @@ class Explorer:
                 "rollout/failed_tasks": float(failed),
                 "rollout/failed_runs": float(failed_runs),
                 "rollout/retries": float(retries),
+                "rollout/skipped_long_tasks": float(skipped_long),
+                "rollout/truncated_prompts": float(truncated),
                 "rollout/seconds": gen_seconds,
                 "rollout/tokens_per_s": metrics.get("rollout/response_tokens", 0.0) / max(gen_seconds, 1e-9),
                 "rollout/queue_wait_seconds": time.perf_counter() - t1,
@@ -232,6 +251,8 @@ class Explorer:
             metrics.update(summarize(experiences, prefix))
             metrics.update(at_k(results, self.eval_params.n, prefix))
             metrics[f"{prefix}/failed_tasks"] = float(sum(r.error is not None for r in results))
+            metrics[f"{prefix}/skipped_long_tasks"] = float(sum(r.skipped_long for r in results))
+            metrics[f"{prefix}/truncated_prompts"] = float(sum(r.truncated_prompts for r in results))
             metrics[f"{prefix}/seconds"] = time.perf_counter() - t0
             if self.faults is not None and self.faults.rates.in_eval:
                 metrics.update(self.faults.take_counts(f"{prefix}/faults"))
@@ -281,12 +302,20 @@ class Explorer:
                 deadline = time.monotonic() + timeout if timeout else None
                 attempt = 0
                 while True:  # a timed-out run or the last attempt returns its failure
-                    handle = ModelHandle(self.model, dataclasses.replace(params, n=n), order, deadline)
+                    handle = ModelHandle(
+                        self.model, dataclasses.replace(params, n=n), order, deadline, task.on_long_row
+                    )
                     with self._fault_scope(task, order, attempt):
                         try:
                             fault_sites.at("workflow", task.workflow, limit_s=timeout)
                             workflow = get_workflow(task.workflow)(**dict(task.workflow_args))
                             experiences = workflow.run(task, handle)
+                        except PromptTooLong as exc:  # the row, not the run: no retry
+                            if task.on_long_row == "error":
+                                raise LongRowError(task, exc) from exc
+                            log.warning("task %s skipped (on_long_row: skip): %s", task.task_id, exc)
+                            self._record_failure(task, None, attempt, f"skipped: {exc}")
+                            return TaskResult(task, [], skipped_long=True, retries=attempt)
                         except Exception as exc:  # one task fails, the step goes on
                             log.warning(
                                 "task %s failed in workflow '%s' (attempt %d of %d): %r",
@@ -300,7 +329,13 @@ class Explorer:
                         runs = list(getattr(workflow, "failed_runs", ()))
                         for run, reason in runs:
                             self._record_failure(task, run, attempt, reason)
-                    return TaskResult(task, experiences, failed_runs=len(runs), retries=attempt)
+                    return TaskResult(
+                        task,
+                        experiences,
+                        failed_runs=len(runs),
+                        retries=attempt,
+                        truncated_prompts=handle.truncated_prompts,
+                    )
 
         # Announcing the workers up front makes each engine batch hold the same requests whatever the
         # thread timing, so a seeded run samples the same tokens every time. This thread drives the engine
@@ -315,7 +350,7 @@ class Explorer:
             results = [f.result() for f in futures]
         failures = [r for r in results if r.error is not None]
         self.failed_tasks += len(failures)
-        if failures and len(failures) == len(results):
+        if failures and len(failures) == len(results) - sum(r.skipped_long for r in results):
             raise RuntimeError(
                 f"every task of the batch failed; first: task {failures[0].task.task_id}: {failures[0].error!r}"
             ) from failures[0].error

@@ -173,6 +173,7 @@ def task_reader(ts: TaskSetConfig, seed: int, is_eval: bool, field: str = "buffe
         workflow_args=ts.workflow_args,
         reward_args=ts.reward_args,
         reward_timeout_s=ts.reward_timeout_s,
+        on_long_row=ts.on_long_row,
         is_eval=is_eval,
         on_bad_row=ts.on_bad_row,
         shuffle=ts.shuffle and not is_eval,

@@ -133,13 +133,17 @@ class StepEnd:
         interval says). ``profile``: ``(perf_counter at the step's start, seconds getting its batch)``,
         for ``time/step`` and ``time/idle`` (``monitor/phases.py``)."""
         cfg, state = self.stage.config, self.state
+        eval_failed = None  # an evaluation that raised: the step's checkpoint is written before it is raised
         if evaluate and self.explorer is not None and eval_due(cfg, step, self.total):
             t0 = time.perf_counter()
-            with PEAK_RSS.phase(record, "eval"):
-                if self.eval_sync is not None and self.explorer.model.version != state.version:
-                    weights = self.trainer.export_weights(self.eval_sync.wire_dtype)
-                    self.eval_sync.publish(weights, state.version)
-                record.update(self.explorer.evaluate())
+            try:
+                with PEAK_RSS.phase(record, "eval"):
+                    if self.eval_sync is not None and self.explorer.model.version != state.version:
+                        weights = self.trainer.export_weights(self.eval_sync.wire_dtype)
+                        self.eval_sync.publish(weights, state.version)
+                    record.update(self.explorer.evaluate())
+            except Exception as error:
+                eval_failed = error
             record["time/eval"] = time.perf_counter() - t0
         if profile is not None:
             close_step(record, time.perf_counter() - profile[0], profile[1])
@@ -149,7 +153,7 @@ class StepEnd:
         )
         self.progress.update(record)
         due = step == self.total or (cfg.trainer.save_interval and step % cfg.trainer.save_interval == 0)
-        if save or due:
+        if save or due or eval_failed is not None:
             folder = self.run_dir / "checkpoints" / self.stage.name / f"step_{step}"
             meta = {
                 "stage": self.stage.name,
@@ -164,8 +168,23 @@ class StepEnd:
             prune_checkpoints(folder.parent, cfg.trainer.keep_checkpoints)
             if on_saved is not None:
                 on_saved()
+            if eval_failed is not None:
+                raise EvalFailed(self.stage.name, step, folder, eval_failed) from eval_failed
             return folder
         return None
+
+
+class EvalFailed(RuntimeError):
+    """The evaluation after a step raised; the step's checkpoint was written first, so no trained step is
+    lost: a rerun resumes after it."""
+
+    def __init__(self, stage: str, step: int, checkpoint: Path, cause: BaseException):
+        super().__init__(
+            f"the evaluation after step {step} of stage {stage} failed: {cause}. The step's checkpoint "
+            f"{checkpoint} holds everything trained so far: fix the cause (e.g. the eval task set), then run "
+            "the same command again to continue from it (that step's evaluation is not redone)"
+        )
+        self.cause = cause
 
 
 def train_loop(

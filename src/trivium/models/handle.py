@@ -20,14 +20,37 @@ class WorkflowTimeoutError(TimeoutError):
     """The workflow ran past ``explorer.workflow_timeout_s``; raised at its next model call."""
 
 
+class PromptTooLong(ValueError):
+    """A prompt fills the model's context (``on_long_row: skip | error`` of its task set); raised by the
+    handle before the request reaches the shared engine, so the other tasks of the batch never see it."""
+
+    def __init__(self, length: int, max_length: int):
+        self.length, self.max_length = length, max_length
+        super().__init__(
+            f"the prompt has {length} tokens and the model's context is {max_length} (max_position_embeddings)"
+        )
+
+
+LONG_PROMPT_POLICIES = ("skip", "truncate", "error")
+
+
 class ModelHandle:
     def __init__(
-        self, model: Any, params: SamplingParams, order_key: Any = None, deadline: float | None = None
+        self,
+        model: Any,
+        params: SamplingParams,
+        order_key: Any = None,
+        deadline: float | None = None,
+        on_long_prompt: str = "error",
     ):
+        if on_long_prompt not in LONG_PROMPT_POLICIES:
+            raise ValueError(f"on_long_prompt={on_long_prompt!r}: use one of {LONG_PROMPT_POLICIES}")
         self._model = model  # a RolloutModel; BatchingRolloutModel accepts order_key
         self.params = params
         self.order_key = order_key
         self.deadline = deadline  # time.monotonic() after which model calls raise WorkflowTimeoutError
+        self.on_long_prompt = on_long_prompt  # the task set's on_long_row
+        self.truncated_prompts = 0  # prompts cut to fit the context (on_long_prompt "truncate")
 
     @property
     def rollout_model(self) -> Any:
@@ -69,12 +92,24 @@ class ModelHandle:
                 "the workflow ran past explorer.workflow_timeout_s; this run is stopped at its next model call"
             )
         params = dataclasses.replace(self.params, **overrides) if overrides else self.params
-        prompts = [list(p) for p in prompts]
+        prompts = [self._fitted(list(p), params) for p in prompts]
         if not prompts:
             return []
         if self.order_key is None:
             return self._model.generate(prompts, params)
         return self._model.generate(prompts, params, order_key=self.order_key)
+
+    def _fitted(self, prompt: list[int], params: SamplingParams) -> list[int]:
+        """``prompt`` as the task set's ``on_long_row`` has it when it fills the context: refused
+        (``PromptTooLong``), or its oldest tokens cut so that the response keeps room for
+        ``min(max_tokens, context / 2)`` tokens (the chat template's generation prompt is at the end)."""
+        limit = self.max_length
+        if limit is None or len(prompt) < limit:
+            return prompt
+        if self.on_long_prompt != "truncate":
+            raise PromptTooLong(len(prompt), limit)
+        self.truncated_prompts += 1
+        return prompt[-max(1, limit - min(params.max_tokens, limit // 2)) :]
 
     def generate(self, prompt_ids: Sequence[int], **overrides: Any) -> list[Generation]:
         """``params.n`` samples for one prompt; ``overrides`` replace SamplingParams fields (e.g. n=4)."""
