@@ -258,3 +258,43 @@ def test_sft_preference_and_expert_data_take_every_source_a_task_set_takes(
         TaskDataError, match=r"buffer\.expert_dataset\.path: .*'someone/demos'.*HF_HUB_OFFLINE"
     ):
         SftReader(SftDatasetConfig(path="someone/demos"), tokenizer, field="buffer.expert_dataset")
+
+
+def test_csv_cells_encodings_and_row_errors_name_the_file(tmp_path, monkeypatch):
+    """Issue 26 item 2: check-config raised tracebacks (rc 1) on a cell over 131,072 characters and on a
+    latin-1 file, and a CSV row's error said '<memory> row N'."""
+    from trivium.buffer import sources
+
+    big = tmp_path / "big.csv"
+    big.write_text("question,answer\n" + f'"{"x" * 200_000}",1\n', encoding="utf-8")
+    assert len(reader(big).all_tasks()[0].data["question"]) == 200_000  # beyond csv's default 131,072
+    monkeypatch.setattr(sources, "CSV_CELL_LIMIT", 1000)
+    with pytest.raises(TaskDataError, match=r"big\.csv line 2: a cell longer than 1,000 characters"):
+        reader(big)
+    monkeypatch.undo()
+
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes("question,answer\nWhat is 2 + 2, señor?,4\n".encode("latin-1"))
+    with pytest.raises(TaskDataError, match=r"latin\.csv: byte \d+ .*not utf-8-sig.*iconv -f latin1"):
+        reader(latin)
+    utf16 = tmp_path / "utf16.csv"
+    utf16.write_text('question,answer\n"What is 2 + 2, señor?",4\n', encoding="utf-16")  # with its BOM
+    assert reader(utf16).all_tasks()[0].data["question"] == "What is 2 + 2, señor?"
+
+    gap = tmp_path / "gap.csv"
+    gap.write_text('question,answer\n"What is\n1 + 1?",2\nWhat is 3 + 3?,\n', encoding="utf-8")
+    with pytest.raises(TaskDataError, match=r"gap\.csv row 1 \(line 4\)") as error:
+        reader(gap)
+    assert "<memory>" not in str(error.value)
+
+
+def test_check_config_reports_a_bad_csv_as_a_problem_of_the_path(tmp_path, capsys):
+    from trivium.cli import main as cli
+
+    (tmp_path / "latin.csv").write_bytes("question,answer\nseñor,4\n".encode("latin-1"))
+    (tmp_path / "c.yaml").write_text(
+        "model: {path: Qwen/Qwen2.5-0.5B}\nbuffer: {taskset: {path: latin.csv}}\n"
+    )
+    assert cli(["check-config", str(tmp_path / "c.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "buffer.taskset.path" in err and "Save it as UTF-8" in err and "Traceback" not in err

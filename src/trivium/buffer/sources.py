@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from trivium.buffer.task_files import TaskDataError
+from trivium.buffer.task_files import SourcedRows, TaskDataError
 from trivium.config.schema_data import looks_like_hub_id
 from trivium.registry import Registry, callable_part
 
@@ -85,12 +85,36 @@ def section_rows(section: Any, name: str, field: str) -> list[dict[str, Any]] | 
     return rows
 
 
-def _csv_rows(path: Path) -> list[dict[str, Any]]:
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        return [
-            {k: (v if v != "" else None) for k, v in row.items() if k is not None}
-            for row in csv.DictReader(f)
-        ]
+CSV_CELL_LIMIT = 64 * 2**20  # characters; Python's csv module stops at 131,072 by default
+
+
+def _csv_rows(path: Path) -> SourcedRows:
+    """Every row of a CSV file as a dict (an empty cell is a missing value), with each row's line. UTF-8
+    (with or without a byte-order mark) or UTF-16 with its mark; other encodings are refused with the
+    way out, as are cells over ``CSV_CELL_LIMIT`` characters and malformed quoting."""
+    head = path.read_bytes()[:4]
+    encoding = "utf-16" if head[:2] in (b"\xff\xfe", b"\xfe\xff") else "utf-8-sig"
+    csv.field_size_limit(CSV_CELL_LIMIT)
+    rows, lines = [], []
+    with open(path, newline="", encoding=encoding) as f:
+        reader = csv.DictReader(f)
+        try:
+            for row in reader:
+                rows.append({k: (v if v != "" else None) for k, v in row.items() if k is not None})
+                lines.append(reader.line_num)
+        except UnicodeDecodeError as error:
+            raise TaskDataError(
+                f"{path}: byte {error.start} of the file (after line {reader.line_num}) is not {encoding}: the "
+                f"file is in another encoding (latin-1, cp1252, ...). Save it as UTF-8, e.g. "
+                f"`iconv -f latin1 -t utf-8 {path.name} > {path.stem}.utf8.csv`"
+            ) from None
+        except csv.Error as error:
+            limit = "larger than field limit" in str(error)
+            why = f"a cell longer than {CSV_CELL_LIMIT:,} characters" if limit else f"malformed CSV ({error})"
+            raise TaskDataError(
+                f"{path} line {reader.line_num + 1}: {why}; fix that row, or convert the file to JSON Lines"
+            ) from None
+    return SourcedRows(rows, str(path), lines)
 
 
 def _from_disk(path: Path, split: str, field: str) -> list[dict[str, Any]]:
@@ -104,7 +128,7 @@ def _from_disk(path: Path, split: str, field: str) -> list[dict[str, Any]]:
                 "set's split"
             )
         data = data[split]
-    return [dict(row) for row in data]
+    return SourcedRows([dict(row) for row in data], f"{path} (split {split!r})")
 
 
 def _from_hub(
@@ -135,7 +159,7 @@ def _from_hub(
             "Fix the path if it is a local file, download the dataset while online (it is then cached), or "
             "save it with Dataset.save_to_disk and point the field at that folder"
         ) from exc
-    return [dict(row) for row in data]
+    return SourcedRows([dict(row) for row in data], f"{path} (split {split!r})")
 
 
 TASK_OPS: Registry = Registry(

@@ -56,11 +56,22 @@ class TaskFileNotFound(TaskDataError, FileNotFoundError):
     """The task set's path does not exist (a ``TaskDataError``, and a ``FileNotFoundError`` as before)."""
 
 
+class SourcedRows(list):
+    """Rows read from somewhere other than trivium's own file reader (a CSV file, a dataset folder, the
+    hub): a list of dicts that also says where they came from, so that a row's error names it
+    (``origin``, and each row's 1-based line in a CSV file)."""
+
+    def __init__(self, rows, origin: str, lines: list[int] | None = None):
+        super().__init__(rows)
+        self.origin = origin
+        self.lines = lines
+
+
 @dataclass(frozen=True)
 class RowLocation:
     file: str
     row: int  # 0-based row index within the file
-    line: int | None  # 1-based line number (JSON Lines only)
+    line: int | None  # 1-based line number (JSON Lines and CSV files)
 
     def __str__(self) -> str:
         return f"{self.file} row {self.row}" + (f" (line {self.line})" if self.line is not None else "")
@@ -72,7 +83,7 @@ class _Source:
     path: Path | None
     start: int  # index of its first row among all rows of the task set
     count: int
-    lines: list[int] | None = None  # 1-based line of each row (JSON Lines only)
+    lines: list[int] | None = None  # 1-based line of each row (JSON Lines and CSV files)
 
 
 @dataclass
@@ -101,7 +112,8 @@ def load_rows(
     ``max_rows``. ``split`` is accepted for old callers and not used (one file is one split)."""
     del split
     if not isinstance(source, (str, os.PathLike)):
-        return _memory_rows(list(source)[:max_rows], taskset, on_bad_row)
+        origin, lines = getattr(source, "origin", MEMORY), getattr(source, "lines", None)
+        return _memory_rows(list(source)[:max_rows], taskset, on_bad_row, origin, lines)
     loaded = LoadedRows([], [])
     for path in _resolve_files(source, taskset):
         reader = _Reader(path, taskset, on_bad_row, loaded, max_rows)
@@ -111,15 +123,17 @@ def load_rows(
     return loaded
 
 
-def _memory_rows(rows: list[Any], taskset: str, on_bad_row: str) -> LoadedRows:
-    loaded = LoadedRows([], [_Source(MEMORY, None, 0, len(rows))])
+def _memory_rows(
+    rows: list[Any], taskset: str, on_bad_row: str, origin: str = MEMORY, lines: list[int] | None = None
+) -> LoadedRows:
+    loaded = LoadedRows([], [_Source(origin, None, 0, len(rows), lines)])
     for i, row in enumerate(rows):
         if isinstance(row, Mapping):
             loaded.rows.append(dict(row))
             continue
         why = f"is a {type(row).__name__}, not a dict; pass a list of dicts (one per task)"
         if on_bad_row != "skip":
-            raise TaskDataError(f"task set {taskset!r}: {MEMORY} row {i} {why}")
+            raise TaskDataError(f"task set {taskset!r}: {loaded.locate(i)} {why}")
         loaded.rows.append({})
         loaded.unreadable[i] = ("not an object", why)
     return loaded
