@@ -26,7 +26,7 @@ import torch
 from trivium.config.load import Stage
 from trivium.faults import maybe_die
 from trivium.launch import build
-from trivium.launch.resume import ResumePoint, check_strategy
+from trivium.launch.resume import ResumePoint, check_strategy, damage_named
 from trivium.launch.stopping import RunStopped, StopRequests
 from trivium.monitor.metrics import MetricsWriter, Progress
 from trivium.monitor.phases import PEAK_RSS, close_step
@@ -48,6 +48,7 @@ class RunState:
     version: int = 0
     resume: ResumePoint | None = None  # set until the stage it points into has picked it up
     config_dir: Path = Path()  # the config file's folder: where rank processes find plugins
+    resumed_previous: Path | None = None  # the checkpoint before the one resumed from (see CheckpointDamaged)
 
     def take_resume(self, cfg, writer: MetricsWriter) -> tuple[int, dict | None, Path | None]:
         """The stage's last finished step, the saved trainer state and the checkpoint folder (0, None,
@@ -58,13 +59,15 @@ class RunState:
         if point is None:
             return 0, None, None
         check_strategy(point, cfg.trainer.strategy, cfg.trainer.world_size)
-        self.model, self.tokenizer = build.load_policy(str(point.path / "model"), cfg)
+        self.resumed_previous = point.previous  # for damage found later, when the trainer loads its state
+        with damage_named(point.path, point.previous):
+            self.model, self.tokenizer = build.load_policy(str(point.path / "model"), cfg)
+            saved = point.trainer_state()
+            rng = saved.get("rng", {})
+            if "python" in rng:
+                random.setstate(rng["python"])
+                torch.set_rng_state(rng["torch"])
         self.global_step, self.version = point.global_step, point.version
-        saved = point.trainer_state()
-        rng = saved.get("rng", {})
-        if "python" in rng:
-            random.setstate(rng["python"])
-            torch.set_rng_state(rng["torch"])
         t = cfg.trainer
         if (point.strategy, point.world_size) != (t.strategy, t.world_size):
             log.warning(

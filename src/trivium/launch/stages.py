@@ -18,6 +18,7 @@ from pathlib import Path
 from trivium.config.load import Stage
 from trivium.launch import build
 from trivium.launch.loop import RunState, StepEnd, eval_at_start, train_loop
+from trivium.launch.resume import damage_named
 from trivium.launch.sources import DatasetSource, ExperienceSource, OnlineSource
 from trivium.models import lora
 from trivium.monitor.metrics import MetricsWriter, Progress
@@ -57,7 +58,8 @@ def online_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunS
             )
         source = OnlineSource(explorer, experiences, ahead)
         if saved is not None:
-            trainer.load_state_dict(saved, folder)
+            with damage_named(folder, state.resumed_previous):
+                trainer.load_state_dict(saved, folder)
             source.load(saved["resume"])
         log.info(
             "stage %s: online RL (%s), %d steps of %d tasks x %d samples, sync every %d step(s), offset %d",
@@ -105,7 +107,8 @@ def storage_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: Run
     with _stage_trainer(stage, run_dir, state, total) as trainer:
         _record_trajectories(stage, run_dir, state, trainer, done)
         if saved is not None:
-            trainer.load_state_dict(saved, folder)
+            with damage_named(folder, state.resumed_previous):
+                trainer.load_state_dict(saved, folder)
         source.load(saved["resume"] if saved is not None else {})  # hands back a killed process's claims
         start_version = _start_version(state, done, saved)
         # method memory: no rollout process follows the weights (an explore process generating data only)
@@ -146,7 +149,8 @@ def dataset_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: Run
     source = DatasetSource(data, cfg.buffer.batch_size)
     with _stage_trainer(stage, run_dir, state, total) as trainer:
         if saved is not None:
-            trainer.load_state_dict(saved, folder)
+            with damage_named(folder, state.resumed_previous):
+                trainer.load_state_dict(saved, folder)
             source.load(saved["resume"])
         log.info(
             "stage %s: %s from %s, %d steps of %d examples",
