@@ -141,7 +141,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1; others need --token)")
     p.add_argument("--port", type=int, default=8420, help="port (8420)")
-    p.add_argument("--token", default=None, help="access token the page must present; 'auto': a random one")
+    p.add_argument(
+        "--token",
+        default=None,
+        help="access token every request must present; 'auto': a random one (unset: a random one guards "
+        "changes only, on loopback)",
+    )
+    p.add_argument(
+        "--allowed-host",
+        action="append",
+        default=None,
+        dest="allowed_hosts",
+        help="a name besides localhost/127.0.0.1/::1 and --host that the browser may use to reach Studio "
+        "(e.g. behind a proxy); repeatable",
+    )
     p.set_defaults(func=_cmd_studio)
 
     return parser
@@ -150,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _cmd_studio(args) -> int:
     from trivium.studio.server import studio_main
 
-    return studio_main(args.root, args.configs or ["."], args.host, args.port, args.token)
+    return studio_main(args.root, args.configs or ["."], args.host, args.port, args.token, args.allowed_hosts)
 
 
 def _add_set(p: argparse.ArgumentParser) -> None:

@@ -119,6 +119,12 @@ def import_plugin(module_name: str) -> None:
         )
     try:
         importlib.import_module(module_name)
+    except SystemExit as err:  # sys.exit() on import must not end check-config (or Studio) silently
+        raise UnknownPartError(
+            f"plugin {module_name!r} called sys.exit({err.code!r}) while it was imported",
+            "a plugin module only registers parts when imported: move the code that exits under "
+            "`if __name__ == '__main__':`",
+        ) from err
     except Exception as err:  # a user's module may fail in any way: report it with its reason
         raise UnknownPartError(
             f"plugin {module_name!r} cannot be imported ({type(err).__name__}: {err})",

@@ -148,3 +148,18 @@ def test_a_plugin_that_fails_to_import_is_named(user_folder, plugin_registries):
     assert "RuntimeError: boom" in rules["plugins[0]"]
     assert "No module named 'no_such_module'" in rules["plugins[1]"]
     assert "standard library" in rules["plugins[2]"]
+
+
+def test_a_plugin_that_exits_on_import_is_a_problem_of_the_plugins_field(
+    user_folder, plugin_registries, capsys
+):
+    """Issue 26 item 7: a plugin calling sys.exit(7) made check-config exit 7 with no message."""
+    from trivium.cli import main as cli
+
+    write(user_folder, "quits.py", "import sys\nsys.exit(7)\n")
+    cfg = yaml.safe_load(config(user_folder).read_text())
+    cfg["plugins"] = ["quits"]
+    (user_folder / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    assert cli(["check-config", str(user_folder / "cfg.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "plugins[0]" in err and "sys.exit(7)" in err and "__main__" in err

@@ -27,11 +27,11 @@ def free_port() -> int:
 
 
 class Studio:
-    def __init__(self, root, configs, token=None):
+    def __init__(self, root, configs, token=None, **options):
         self.root, self.configs, self.token = root, configs, token
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        app = create_app(root, [configs], token)
+        app = create_app(root, [configs], token, **options)
         self.server = uvicorn.Server(
             uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
         )

@@ -116,6 +116,53 @@ def test_the_access_token_is_required_and_a_network_bind_needs_one(tmp_path):
         assert "--token" in result.stderr
 
 
+def test_a_foreign_page_cannot_reach_studio_by_dns_rebinding_or_a_cross_site_post(tmp_path):
+    """Issue 26 item 7: Studio did not check Host and had no token on 127.0.0.1, so a page of another site
+    could reach /api/validate (which imports a config's plugins) through DNS rebinding."""
+    import httpx
+
+    configs = tmp_path / "c"
+    configs.mkdir()
+    body = {"text": "model: {path: Qwen/Qwen2.5-0.5B}\n"}
+    with Studio(tmp_path / "runs", configs, token="t0k", token_for_reads=False) as s:
+        for name in ("127.0.0.1", "localhost", "studio.localhost"):
+            assert httpx.get(f"{s.url}/api/info", headers={"Host": f"{name}:{s.port}"}).status_code == 200
+        rebound = httpx.get(f"{s.url}/api/info", headers={"Host": f"evil.example:{s.port}"})
+        assert rebound.status_code == 403 and "DNS rebinding" in rebound.json()["error"]
+        assert "--allowed-host evil.example" in rebound.json()["error"]
+        assert httpx.get(f"{s.url}/api/runs").status_code == 200  # reads on loopback need no token
+        assert httpx.post(f"{s.url}/api/validate", json=body).status_code == 401  # imports plugins: token
+        foreign = {"Origin": "http://evil.example", "Authorization": "Bearer t0k"}
+        assert httpx.post(f"{s.url}/api/validate", json=body, headers=foreign).status_code == 403
+        own = {"Origin": s.url, "Authorization": "Bearer t0k"}
+        assert httpx.post(f"{s.url}/api/validate", json=body, headers=own).status_code == 200
+        page = httpx.get(f"{s.url}/?token=t0k")  # the printed URL: its cookie carries the token after
+        cookies = {"trivium_studio": page.cookies["trivium_studio"]}
+        assert httpx.post(f"{s.url}/api/validate", json=body, cookies=cookies).status_code == 200
+    with Studio(tmp_path / "runs", configs, token_for_reads=False, allowed_hosts=("box.lan",)) as s:
+        assert httpx.get(f"{s.url}/api/info", headers={"Host": "box.lan"}).status_code == 200
+
+
+def test_studio_on_loopback_prints_a_url_with_its_token(tmp_path):
+    configs = tmp_path / "c"
+    configs.mkdir()
+    from tests.studio.conftest import free_port
+
+    args = ["studio", "--root", str(tmp_path / "r"), "--configs", str(configs), "--port", str(free_port())]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trivium.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = proc.stdout.readline()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert line.startswith("Trivium Studio on http://127.0.0.1:") and "/?token=" in line, line
+
+
 def test_the_schema_has_every_field_with_its_doc(studio):
     schema = studio.http.get("/api/schema").json()
     lr = schema["$defs"]["TrainerConfig"]["properties"]["lr"]

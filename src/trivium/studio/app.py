@@ -70,21 +70,64 @@ class LaunchRequest(BaseModel):
     overrides: list[str] = Field(default_factory=list, max_length=64)
 
 
-def create_app(root: str | Path, config_dirs: list[str | Path], token: str | None = None) -> FastAPI:
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+READS = ("GET", "HEAD", "OPTIONS")
+
+
+def create_app(
+    root: str | Path,
+    config_dirs: list[str | Path],
+    token: str | None = None,
+    *,
+    token_for_reads: bool = True,
+    allowed_hosts: tuple[str, ...] = (),
+) -> FastAPI:
+    """The Studio app. ``token``: the access token requests must present (Bearer header, the cookie the
+    printed URL sets, or ``?token=``), on every request, or with ``token_for_reads=False`` only on those
+    that change something or import code (every method but GET/HEAD/OPTIONS: launching, saving, validating
+    a config, which imports its plugins). ``allowed_hosts``: names besides the loopback ones that requests
+    may address (the ``Host`` header) and come from (the ``Origin`` header of a write) where reads need no
+    token: anything else is refused, so a foreign page cannot reach Studio by DNS rebinding or a cross-site
+    form."""
     guard = Guard.of(root, config_dirs)
     app = FastAPI(title="trivium studio", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.guard = guard
+    allowed = {h.lower().strip("[]") for h in (*LOOPBACK_NAMES, *allowed_hosts)}
+
+    def known(host: str) -> bool:
+        return host in allowed or host.endswith(".localhost")
+
+    # A token on every request (a network bind) keeps foreign pages out by itself: they cannot read it, and
+    # its cookie is same-site only; the names are checked where reads need no token (loopback).
+    check_names = token is None or not token_for_reads
 
     @app.middleware("http")
-    async def access_token(request: Request, call_next):
+    async def access(request: Request, call_next):
+        host = _hostname(request.headers.get("host", ""))
+        if check_names and not known(host):
+            return JSONResponse(
+                {
+                    "error": f"Studio answers requests addressed to {sorted(allowed)}, not to {host!r}: a page "
+                    "of another site may be reaching it through DNS rebinding. To open Studio under that "
+                    "name, start it with --allowed-host " + (host or "NAME")
+                },
+                403,
+            )
+        origin = request.headers.get("origin")
+        if check_names and request.method not in READS and origin and not known(_hostname(origin, url=True)):
+            return JSONResponse(
+                {"error": f"Studio refuses changes asked by a page of {origin}: only its own page may ask"},
+                403,
+            )
         if token is None:
             return await call_next(request)
         given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
         given = given or request.cookies.get("trivium_studio", "") or request.query_params.get("token", "")
-        if not hmac.compare_digest(given.encode(), token.encode()):
+        valid = hmac.compare_digest(given.encode(), token.encode())
+        if not valid and (token_for_reads or request.method not in READS):
             return JSONResponse({"error": "this Studio needs its access token: open the URL it printed"}, 401)
         response = await call_next(request)
-        if request.query_params.get("token"):
+        if valid and request.query_params.get("token"):  # the printed URL: the page's calls carry it after
             response.set_cookie("trivium_studio", token, httponly=True, samesite="strict")
         return response
 
@@ -355,3 +398,15 @@ def _validate(guard: Guard, text: str, folder: str | None) -> dict[str, Any]:
     except ConfigError as error:
         return {"ok": False, "parse_error": False, "problems": _problems(error), "stages": []}
     return {"ok": True, "parse_error": False, "problems": [], "stages": [s.name for s in run_cfg.stages]}
+
+
+def _hostname(value: str, url: bool = False) -> str:
+    """The host name of a ``Host`` header (``name:port``, ``[::1]:port``) or of an ``Origin`` URL, lower case."""
+    if url:
+        from urllib.parse import urlsplit
+
+        return (urlsplit(value).hostname or "").lower()
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1 : value.find("]")] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
