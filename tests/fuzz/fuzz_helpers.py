@@ -104,3 +104,20 @@ def json_values(max_leaves: int = 8):
         ),
         max_leaves=max_leaves,
     )
+
+
+def task_reader(source, mode: str):
+    """The math workflow's task reader over ``source`` (a file path, or rows another source read), in
+    ``on_bad_row`` ``mode``: what the task-file fuzz tests feed."""
+    from trivium.buffer import TaskSetReader
+
+    return TaskSetReader(
+        source,
+        name="fuzz",
+        fields={},
+        required={"question": (str,), "answer": (str, int, float)},
+        workflow="math",
+        reward_fn="math_verify",
+        repeat_times=1,
+        on_bad_row=mode,
+    )

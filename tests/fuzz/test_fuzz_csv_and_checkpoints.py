@@ -13,9 +13,9 @@ import json
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from tests.fuzz.fuzz_helpers import both_suites, fuzz_settings
+from tests.fuzz.fuzz_helpers import both_suites, fuzz_settings, task_reader
 
-from trivium.buffer import TaskDataError, TaskSetReader
+from trivium.buffer import TaskDataError
 from trivium.buffer.sources import source_rows
 from trivium.launch.resume import CheckpointDamaged, find_resume_point
 
@@ -55,17 +55,7 @@ def csv_bytes():
 
 
 def read_csv(path, mode):
-    rows = source_rows(str(path), field="buffer.taskset.path")
-    return TaskSetReader(
-        rows,
-        name="fuzz",
-        fields={},
-        required={"question": (str,), "answer": (str, int, float)},
-        workflow="math",
-        reward_fn="math_verify",
-        repeat_times=1,
-        on_bad_row=mode,
-    )
+    return task_reader(source_rows(str(path), field="buffer.taskset.path"), mode)
 
 
 @both_suites(fast=100, slow=3000)

@@ -8,9 +8,9 @@ import json
 
 from hypothesis import given
 from hypothesis import strategies as st
-from tests.fuzz.fuzz_helpers import both_suites, fuzz_settings, json_values
+from tests.fuzz.fuzz_helpers import both_suites, fuzz_settings, json_values, task_reader
 
-from trivium.buffer import TaskDataError, TaskSetReader
+from trivium.buffer import TaskDataError
 
 GOOD = {"question": "What is 2+2?", "answer": "#### 4"}
 
@@ -34,16 +34,7 @@ def lines():
 
 
 def read(path, mode):
-    return TaskSetReader(
-        str(path),
-        name="fuzz",
-        fields={},
-        required={"question": (str,), "answer": (str, int, float)},
-        workflow="math",
-        reward_fn="math_verify",
-        repeat_times=1,
-        on_bad_row=mode,
-    )
+    return task_reader(str(path), mode)
 
 
 @both_suites(fast=150, slow=3000)
