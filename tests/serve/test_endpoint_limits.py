@@ -130,6 +130,23 @@ def test_a_body_over_the_limit_is_413_before_it_is_read(server):
     assert psutil.Process().memory_info().rss - rss < 60e6
 
 
+def test_a_plain_client_that_writes_its_whole_body_first_reads_the_413(server):
+    """Issue 26 item 8: urllib (like curl) writes the whole body before it reads; the server answered and
+    closed with the body unread, so the kernel reset the connection and the client saw ECONNRESET."""
+    import urllib.error
+    import urllib.request
+
+    for size in (10 << 20, 40 << 20):
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{server.port}/v1/chat/completions",
+            b"x" * size,
+            {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+        )
+        with pytest.raises(urllib.error.HTTPError) as error:
+            urllib.request.urlopen(request, timeout=60)
+        assert error.value.code == 413 and "serve.max_body_bytes" in error.value.read().decode()
+
+
 def test_a_slow_body_is_408(server):
     sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
     sock.sendall(

@@ -2,8 +2,10 @@
 
 Design decisions (each limit answers a measured failure; see docs/serve.md for the figures):
 - The body is limited while it is read, before anything parses it (``BodyLimit``, an ASGI middleware): a
-  declared ``Content-Length`` over ``max_body_bytes`` is answered 413 without reading a byte, a chunked
-  body is cut off at the limit, and a body that trickles in slower than ``body_timeout_s`` is answered 408.
+  declared ``Content-Length`` over ``max_body_bytes`` is answered 413 without parsing a byte (the rest is
+  read and dropped first, up to 1 GiB within ``body_timeout_s``, so that a client writing its whole body
+  gets the 413, not a reset connection), a chunked body is cut off at the limit, and a body that trickles in
+  slower than ``body_timeout_s`` is answered 408.
   A body that is not UTF-8, or JSON nested deeper than ``max_json_depth``, is answered 400 before
   ``json.loads`` (deep tool schemas ended in a RecursionError and a 500 with half a megabyte of traceback).
 - Fair turns (``FairGate``): generation happens in *turns* of at most ``split_n`` samples. A request for
@@ -101,6 +103,9 @@ class FairGate:
                 self._cv.notify_all()
 
 
+DRAIN_BYTES = 1 << 30  # a refused body is read and dropped up to this much, so the client sees the 413
+
+
 class BodyLimit:
     """ASGI middleware: request bodies limited in size, time and JSON nesting (see the module docstring)."""
 
@@ -113,6 +118,7 @@ class BodyLimit:
             return
         declared = dict(scope.get("headers") or ()).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > self.limits.max_body_bytes:
+            await self._drain(receive)
             await _refuse(send, 413, self._too_large(int(declared)))
             return
         try:
@@ -122,6 +128,7 @@ class BodyLimit:
             await _refuse(send, 408, message)
             return
         except _TooLarge as exc:
+            await self._drain(receive)
             await _refuse(send, 413, self._too_large(exc.size))
             return
         if body is None:  # the client went away
@@ -131,6 +138,23 @@ class BodyLimit:
             await _refuse(send, 400, problem)
             return
         await self.app(scope, _replay(body, receive), send)
+
+    async def _drain(self, receive: Any) -> None:
+        """Read and drop the rest of a refused body (up to ``DRAIN_BYTES``, within ``body_timeout_s``) before
+        the 413 is sent: a socket closed with unread bytes is reset by the kernel, and a plain client that
+        writes its whole body before reading (urllib, curl) got ECONNRESET instead of the 413. The server
+        cannot read after its response (the ASGI server closes then), so it reads first."""
+
+        async def drain() -> None:
+            drained = 0
+            while drained < DRAIN_BYTES:
+                message = await receive()
+                drained += len(message.get("body", b""))
+                if message["type"] == "http.disconnect" or not message.get("more_body", False):
+                    return
+
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(drain(), self.limits.body_timeout_s)
 
     async def _read(self, receive: Any) -> bytes | None:
         chunks, size = [], 0
