@@ -110,3 +110,27 @@ def test_the_handle_refuses_or_truncates_a_prompt_that_fills_the_context():
     handle.generate(list(range(5)))
     assert engine.prompts == [list(range(5, 12)), list(range(5))]  # the last 10 - min(3, 5) = 7 tokens
     assert handle.truncated_prompts == 1
+
+
+def test_check_config_names_the_long_rows_of_a_task_set_that_errors_on_them(
+    tmp_path, tiny_model_dir, word_problem_dir, capsys
+):
+    cfg = {
+        **tiny_run_config(tmp_path, tiny_model_dir, "long", "check"),
+        "buffer": {
+            "batch_size": 2,
+            "total_steps": 1,
+            "taskset": {"path": str(word_problem_dir / "train.jsonl")},
+            "eval_tasksets": [
+                {"path": tasks(tmp_path, word_problem_dir, "eval", long_at=2), "on_long_row": "error"}
+            ],
+        },
+    }
+    path = tmp_path / "check.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert cli(["check-config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "buffer.eval_tasksets[0].on_long_row" in err and "row 2 (1288 tokens)" in err and "512" in err
+    cfg["buffer"]["eval_tasksets"][0]["on_long_row"] = "skip"  # the run counts and drops it: no problem
+    path.write_text(yaml.safe_dump(cfg))
+    assert cli(["check-config", str(path)]) == 0

@@ -130,7 +130,7 @@ def check_data_files(cfg: TriviumConfig, prefix: str = "") -> list[Problem]:
         name = getattr(section, "name", "") or Path(section.path).stem or field
         try:
             rows = section_rows(section, name, field)
-            TaskSetReader(
+            reader = TaskSetReader(
                 section.path if rows is None else rows,
                 name=name,
                 fields=fields,
@@ -147,7 +147,42 @@ def check_data_files(cfg: TriviumConfig, prefix: str = "") -> list[Problem]:
             out.append(
                 Problem(at(field + ".path"), section.path, str(exc), "fix the file or the field mapping")
             )
+            continue
+        if getattr(section, "on_long_row", None) == "error":
+            out += _long_rows(cfg, section, reader, at(field))
     return out
+
+
+def _long_rows(cfg: TriviumConfig, section, reader, field: str) -> list[Problem]:
+    """A task set with ``on_long_row: error`` whose rows render to prompts that fill the model's context: the
+    run would stop at the first; named here, with their lengths, where the model's folder is local."""
+    from trivium.workflows.registry import prompt_lengths
+
+    folder = Path(cfg.model.path) if cfg.model.path else None
+    if folder is None or not (folder / "config.json").exists():
+        return []  # a hub id or a recipe: the context is known at run time
+    from transformers import AutoConfig
+
+    from trivium.models.loading import load_tokenizer
+
+    context = getattr(AutoConfig.from_pretrained(folder), "max_position_embeddings", None)
+    if not context:
+        return []
+    tasks = reader.all_tasks()
+    lengths = prompt_lengths(tasks, section.workflow, section.workflow_args, load_tokenizer(folder))
+    long = [(t.index, n) for t, n in zip(tasks, lengths) if n >= context]
+    if not long:
+        return []
+    shown = ", ".join(f"row {i} ({n} tokens)" for i, n in long[:5]) + (" ..." if len(long) > 5 else "")
+    return [
+        Problem(
+            f"{field}.on_long_row",
+            "error",
+            f"{len(long)} row(s) render to prompts at or over the model's context of {context} tokens: "
+            f"{shown}; the run would stop at the first",
+            "shorten them, or set on_long_row: skip (drop and count them) or truncate",
+        )
+    ]
 
 
 def is_loopback(host: str) -> bool:

@@ -83,26 +83,13 @@ def lora_params(model, lora) -> int:
 
 
 def longest_prompt(ts, tokenizer, seed: int) -> tuple[int, int]:
-    """(rows, longest rendered prompt in tokens) of a task set, as its workflow renders it when the
-    workflow says how (``messages``); otherwise the question field as one user message."""
+    """(rows, longest rendered prompt in tokens) of a task set (``workflows.registry.prompt_lengths``)."""
     from trivium.launch import build
-    from trivium.models.chat import render_ids
-    from trivium.workflows.registry import get_workflow
+    from trivium.workflows.registry import prompt_lengths
 
     reader = build.task_reader(ts, seed, is_eval=False)
-    try:
-        workflow = get_workflow(ts.workflow)(**ts.workflow_args)
-        render = workflow.messages
-    except Exception:  # a workflow without single-turn messages: its first field as the user's message
-        render = None
-    longest = 0
-    for task in reader.all_tasks():
-        if render is not None:
-            messages = render(task)
-        else:
-            messages = [{"role": "user", "content": str(next(iter(task.data.values()), ""))}]
-        longest = max(longest, len(render_ids(tokenizer, messages, True)))
-    return len(reader), longest
+    lengths = prompt_lengths(reader.all_tasks(), ts.workflow, ts.workflow_args, tokenizer)
+    return len(reader), max(lengths, default=0)
 
 
 def longest_example(cfg, tokenizer) -> tuple[int, int, int]:

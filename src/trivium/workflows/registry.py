@@ -39,6 +39,26 @@ def get_workflow(name: str):
     return WORKFLOWS.get(name)
 
 
+def prompt_lengths(tasks, workflow: str, workflow_args, tokenizer) -> list[int]:
+    """Tokens of each task's first prompt as its workflow renders it when the workflow says how
+    (``messages``); otherwise the first field as one user message. What ``trivium doctor`` sizes with and
+    check-config holds against the model's context (``on_long_row``)."""
+    from trivium.models.chat import render_ids
+
+    try:
+        render = get_workflow(workflow)(**dict(workflow_args)).messages
+    except Exception:  # a workflow without single-turn messages: its first field as the user's message
+        render = None
+    lengths = []
+    for task in tasks:
+        if render is not None:
+            messages = render(task)
+        else:
+            messages = [{"role": "user", "content": str(next(iter(task.data.values()), ""))}]
+        lengths.append(len(render_ids(tokenizer, messages, True)))
+    return lengths
+
+
 # Built-in workflows register themselves on import; their modules import nothing heavy at module level.
 from trivium.workflows import agent as _agent  # noqa: E402, F401
 from trivium.workflows import code as _code  # noqa: E402, F401
