@@ -7,6 +7,7 @@ Design decisions:
   querying (model version, task, group, write key) and the record of ``storage.py`` (fields as JSON
   text, tensors as one safetensors blob). JSON lives in a TEXT column, not PostgreSQL's ``json`` type,
   because that type refuses the NaN a metric may hold.
+- The tables and the SQL form of the read policies live in ``sql_tables.py``.
 - A claims table records every read (token, consumer, step, size, open/used/committed/released): it is
   what ``use``, ``commit`` and ``recover`` act on, what makes them idempotent, and the default step clock.
 - Uses count when the trainer has trained on a claim (``use``), not when a checkpoint holds it, so a
@@ -53,8 +54,9 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
-from trivium.buffer.replay import FIFO, Fifo, ReadPolicy, ReplayPolicy
+from trivium.buffer.replay import FIFO, ReadPolicy
 from trivium.buffer.sql_engine import PG_RECONNECT_S, create_engine, explain, parse_url
+from trivium.buffer.sql_tables import row_values, selection, tables
 from trivium.buffer.storage import (
     STATUSES,
     Claim,
@@ -63,7 +65,6 @@ from trivium.buffer.storage import (
     StorageError,
     UnknownExperience,
     _json_safe,
-    experience_to_record,
     record_to_experience,
 )
 from trivium.types import Experience
@@ -104,7 +105,7 @@ class SqlStorage:
         self.table = table
         self.poll_s = poll_s
         self.reconnect_s = reconnect_s  # PostgreSQL: how long a lost connection is retried
-        self._rows, self._claims, self._keys, self._uses = _tables(table)
+        self._rows, self._claims, self._keys, self._uses = tables(table)
         self._engine = create_engine(self.url, self.where)
         self._opened = False
         self._create_schema()
@@ -127,7 +128,7 @@ class SqlStorage:
         if key is not None and not 1 <= len(key) <= 255:
             raise ValueError(f"SqlStorage.write(key={key!r}): a write key has 1 to 255 characters")
         now = time.time()
-        values = [_row_values(e, key, now, "pending" if pending else "ready") for e in experiences]
+        values = [row_values(e, key, now, "pending" if pending else "ready") for e in experiences]
         rows = self._rows
 
         def insert(conn: sa.Connection) -> list[int]:
@@ -395,7 +396,7 @@ class SqlStorage:
             if tries > 1 and (held := self._claimed(conn, token)) is not None:
                 return held
             at_step = self._next_step(conn, consumer) if step is None else step
-            where, order, max_uses = _selection(rows, policy, at_step)
+            where, order, max_uses = selection(rows, policy, at_step)
             ids = list(
                 conn.execute(
                     sa.select(rows.c.id)
@@ -491,7 +492,7 @@ class SqlStorage:
             by_status = dict(
                 conn.execute(sa.select(rows.c.status, sa.func.count()).group_by(rows.c.status)).all()
             )
-            where, _, _ = _selection(rows, policy, self._next_step(conn, consumer) if step is None else step)
+            where, _, _ = selection(rows, policy, self._next_step(conn, consumer) if step is None else step)
             eligible = conn.execute(sa.select(sa.func.count()).select_from(rows).where(*where)).scalar_one()
             return by_status, eligible
 
@@ -561,90 +562,3 @@ class SqlStorage:
             if not isinstance(error, sa_exc.OperationalError) and not error.connection_invalidated:
                 raise
             raise StorageError(explain(self.url, self.where, doing, error)) from error
-
-
-def _selection(rows: sa.Table, policy: ReadPolicy, step: int) -> tuple[list[Any], list[Any], int | None]:
-    """WHERE clauses, ORDER BY and the max uses recorded on the claim, for ``policy`` at ``step``."""
-    if isinstance(policy, Fifo):
-        return [rows.c.status == "ready"], [rows.c.id], 1
-    if not isinstance(policy, ReplayPolicy):
-        raise TypeError(f"read(policy={policy!r}): use FIFO or a ReplayPolicy (trivium.buffer.replay)")
-    where: list[Any] = [rows.c.status == "ready"]
-    if policy.max_uses is not None:
-        where.append(rows.c.use_count < policy.max_uses)
-    # ReplayPolicy.eligible, restated: never used, or used more than cooldown_steps steps ago
-    where.append(sa.or_(rows.c.last_use_step.is_(None), rows.c.last_use_step < step - policy.cooldown_steps))
-    priority = policy.priority(rows.c.model_version, rows.c.use_count)
-    return where, [priority.desc(), rows.c.id], policy.max_uses
-
-
-def _row_values(e: Experience, key: str | None, now: float, status: Status) -> dict[str, Any]:
-    record = experience_to_record(e)
-    return {
-        "status": status,
-        "claim_token": None,
-        "use_count": 0,
-        "last_use_step": None,
-        "model_version": int(e.model_version),
-        "task_id": str(e.task_id),
-        "group_id": int(e.group_id),
-        "write_key": key,
-        "written_at": now,
-        "record_format": record["format"],
-        "fields": json.dumps(record["fields"]),
-        "tensors": record["tensors"],
-    }
-
-
-def _tables(name: str) -> tuple[sa.Table, sa.Table, sa.Table, sa.Table]:
-    md = sa.MetaData()
-    big_id = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # SQLite autoincrements INTEGER only
-    rows = sa.Table(
-        name,
-        md,
-        sa.Column("id", big_id, primary_key=True, autoincrement=True),
-        sa.Column("status", sa.String(16), nullable=False),
-        sa.Column("claim_token", sa.String(64)),
-        sa.Column("use_count", sa.Integer, nullable=False),
-        sa.Column("last_use_step", sa.BigInteger),
-        sa.Column("model_version", sa.BigInteger, nullable=False),
-        sa.Column("task_id", sa.Text, nullable=False),
-        sa.Column("group_id", sa.BigInteger, nullable=False),
-        sa.Column("write_key", sa.String(255)),
-        sa.Column("written_at", sa.Float, nullable=False),  # unix time
-        sa.Column("record_format", sa.Integer, nullable=False),
-        sa.Column("fields", sa.Text, nullable=False),
-        sa.Column("tensors", sa.LargeBinary, nullable=False),
-        sa.Index(f"{name}_status_id", "status", "id"),
-        sa.Index(f"{name}_claim_token", "claim_token"),
-        sa.Index(f"{name}_write_key", "write_key"),
-        sa.Index(f"{name}_task_id", "task_id"),  # attach_reward looks rows up by it
-        sqlite_autoincrement=True,  # ids are never reused
-    )
-    claims = sa.Table(
-        f"{name}_claims",
-        md,
-        sa.Column("token", sa.String(64), primary_key=True),
-        sa.Column("consumer", sa.String(255), nullable=False),
-        sa.Column("step", sa.BigInteger, nullable=False),
-        sa.Column("max_uses", sa.Integer),  # uses after which a committed row is consumed; NULL: never
-        sa.Column("size", sa.Integer, nullable=False),
-        sa.Column("status", sa.String(16), nullable=False),  # open | used | committed | released
-        sa.Column("claimed_at", sa.Float, nullable=False),
-        sa.Column("closed_at", sa.Float),
-        sa.Index(f"{name}_claims_consumer", "consumer", "status"),
-    )
-    keys = sa.Table(
-        f"{name}_write_keys",
-        md,
-        sa.Column("key", sa.String(255), primary_key=True),
-        sa.Column("written_at", sa.Float, nullable=False),
-    )
-    uses = sa.Table(  # what a used claim changed, to undo it when no checkpoint holds it (recover)
-        f"{name}_claim_uses",
-        md,
-        sa.Column("token", sa.String(64), primary_key=True),
-        sa.Column("row_id", sa.BigInteger, primary_key=True),
-        sa.Column("last_use_step_before", sa.BigInteger),
-    )
-    return rows, claims, keys, uses
