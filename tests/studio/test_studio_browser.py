@@ -49,6 +49,34 @@ def shots(tmp_path) -> Path:
 
 
 @pytest.mark.integration
+def test_the_shipped_examples_open_in_place_with_no_problem(browser, tmp_path):
+    """Issue 27 item 1: with the README's `--configs examples`, the builder took a config's relative paths
+    from the configs root, so the quickstart showed five 'file not found' problems. Each example is loaded
+    where it ships (nothing is copied), and the builder must say valid."""
+    from tests.studio.conftest import Studio
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    names = ["quickstart/grpo_word_problems.yaml", "countdown/countdown.yaml", "decoupled/grpo.yaml"]
+    with Studio(tmp_path / "runs", examples) as studio:
+        page = open_page(browser, viewport={"width": 1400, "height": 1000})
+        errors = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(f"{studio.url}/#/builder")
+        for name in names:
+            page.select_option("#load-config", str(examples / name))
+            page.click("text=load")
+            page.wait_for_function(
+                "name => document.getElementById('save-name').value === name && "
+                "!document.getElementById('verdict').textContent.includes('…')",
+                arg=name,
+            )
+            page.wait_for_selector('#verdict:has-text("valid"), #problems li')
+            problems = page.locator("#problems li").all_inner_texts()
+            assert not problems, (name, problems)
+        assert not errors
+
+
+@pytest.mark.integration
 @pytest.mark.slow
 def test_build_a_config_launch_it_and_watch_it_learn(studio, browser, tmp_path):
     config = quickstart_config(studio.configs)

@@ -159,8 +159,17 @@ function changedConfig() {
   timer = setTimeout(check, 300);
 }
 
+// The folder a config's relative paths are taken from: the config file's own (a config saved as
+// quickstart/grpo.yaml under the folder examples reads quickstart/data/... from examples/quickstart),
+// as `trivium run -c FILE` does; the config folder itself for a file name without a sub-folder.
+function configBase() {
+  const name = document.getElementById("save-name").value || "";
+  const full = `${document.getElementById("folder").value}/${name}`;
+  return full.slice(0, full.lastIndexOf("/"));
+}
+
 async function check() {
-  const folder = document.getElementById("folder").value;
+  const folder = configBase();
   const ticket = {};
   lastCheck = ticket;
   const result = await api("/api/validate", { json: { text: toYaml(cfg), folder } });
@@ -200,7 +209,7 @@ export async function builderPage(page) {
   formBox = el("div", { id: "form" });
   const folder = el("select", { id: "folder", onchange: () => changedConfig() }, info.configs.map((d) => el("option", { value: d }, d)));
   const pick = el("select", { id: "load-config" }, el("option", { value: "" }, "(a new config)"), configs.map((c) => el("option", { value: c.path }, c.name)));
-  const name = el("input", { id: "save-name", placeholder: "my_run.yaml", size: 28 });
+  const name = el("input", { id: "save-name", placeholder: "my_run.yaml", size: 28, onchange: () => changedConfig() });
   page.append(el("div", { class: "cols" },
     el("div", {},
       el("div", { class: "panel row" }, "start from", pick,
@@ -231,7 +240,7 @@ export async function builderPage(page) {
           const out = document.getElementById("doctor");
           out.textContent = "…";
           try {
-            out.textContent = (await api("/api/doctor", { json: { text: toYaml(cfg), folder: folder.value } })).text;
+            out.textContent = (await api("/api/doctor", { json: { text: toYaml(cfg), folder: configBase() } })).text;
           } catch (error) {
             out.textContent = error.body && error.body.problems ? `fix the config first:\n${error.body.problems.map((p) => `${p.path}: ${p.rule}`).join("\n")}` : error.message;
           }
