@@ -56,7 +56,8 @@ def test_the_shipped_examples_open_in_place_with_no_problem(browser, tmp_path):
     from tests.studio.conftest import Studio
 
     examples = Path(__file__).resolve().parents[2] / "examples"
-    names = ["quickstart/grpo_word_problems.yaml", "countdown/countdown.yaml", "decoupled/grpo.yaml"]
+    # (decoupled/grpo.yaml starts from the quickstart's checkpoint, agents/ from make_data.py: not here)
+    names = ["quickstart/grpo_word_problems.yaml", "countdown/countdown.yaml", "plugins/plugins.yaml"]
     with Studio(tmp_path / "runs", examples) as studio:
         page = open_page(browser, viewport={"width": 1400, "height": 1000})
         errors = []
@@ -64,12 +65,8 @@ def test_the_shipped_examples_open_in_place_with_no_problem(browser, tmp_path):
         page.goto(f"{studio.url}/#/builder")
         for name in names:
             page.select_option("#load-config", str(examples / name))
-            page.click("text=load")
-            page.wait_for_function(
-                "name => document.getElementById('save-name').value === name && "
-                "!document.getElementById('verdict').textContent.includes('…')",
-                arg=name,
-            )
+            with page.expect_response(lambda r: "/api/validate" in r.url):  # this config's own check
+                page.click("text=load")
             page.wait_for_selector('#verdict:has-text("valid"), #problems li')
             problems = page.locator("#problems li").all_inner_texts()
             assert not problems, (name, problems)

@@ -8,6 +8,7 @@ const GROUPS = [
   ["rewards", /^rollout\/reward_mean$|^rollout\/accuracy$/],
   ["eval accuracy", /^eval\/.*\/accuracy$/],
   ["losses", /^train\/(loss|pg_loss|policy_loss|sft_loss|dpo_loss|value_loss)$/],
+  ["optimizer", /^train\/(grad_norm|lr)$/],
   ["KL", /kl/i],
   ["entropy", /entropy/],
   ["mismatch", /^mismatch\/logprob_abs_(mean|max)$/],
@@ -70,11 +71,15 @@ async function stop(id, then) {
   then();
 }
 
+const PREFERRED = ["time/step", "time/train", "time/rollout", "time/eval", "time/sync", "time/wait"];
+const rank = (key) => (PREFERRED.includes(key) ? PREFERRED.indexOf(key) : PREFERRED.length);
+
 function chartsFor(runs, box) {
   box.replaceChildren();
   const keys = new Set(runs.flatMap(({ records }) => records.flatMap((r) => Object.keys(r))));
   for (const [title, pattern] of GROUPS) {
-    const matching = [...keys].filter((k) => pattern.test(k)).sort();
+    // the keys a reader looks for first (PREFERRED), then the rest alphabetically, at most 6 charts a group
+    const matching = [...keys].filter((k) => pattern.test(k)).sort((a, b) => rank(a) - rank(b) || a.localeCompare(b));
     for (const key of matching.slice(0, 6)) {
       const series = runs.map(({ id, records }, i) => ({
         name: id,
