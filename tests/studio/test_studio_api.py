@@ -221,3 +221,24 @@ def test_an_empty_answer_is_never_written_as_rejected(tmp_path):
     )
     with pytest.raises(ValueError, match="nothing to pair it against"):
         write_pick(guard, "p/r", "1:3", chosen=0, edited="#### 5")
+
+
+def test_a_run_started_from_the_command_line_shows_its_log(studio, tiny_model_dir, word_problem_dir):
+    """Issue 27 item 2: Studio's log box was empty for a run started with `trivium run` (no log file)."""
+    from tests.launch.helpers import tiny_run_config
+
+    from trivium.cli import main as cli
+
+    cfg = tiny_run_config(studio.root.parent, tiny_model_dir, "cli", "sft")
+    cfg.update(checkpoint_root=str(studio.root), mode="train", algorithm={"algorithm_type": "sft"})
+    sft = {
+        "path": str(word_problem_dir / "sft.jsonl"),
+        "fields": {"prompt": "question", "response": "answer"},
+    }
+    cfg["buffer"] = {"batch_size": 2, "total_steps": 1, "sft_dataset": sft}
+    path = studio.root.parent / "cli.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert cli(["run", "-c", str(path)]) == 0
+    assert (studio.root / "cli" / "sft" / "run.log").exists()
+    log = studio.http.get("/api/run/log", params={"id": "cli/sft"}).json()["log"]
+    assert "stage main" in log and "run finished" in log

@@ -100,10 +100,33 @@ def run(run_cfg: RunConfig, overwrite: bool = False, resume: bool = True) -> Pat
     )
     writer = MetricsWriter(run_dir, role=role, progress=progress, trackers=trackers)
     # status.json: running, then finished / stopped / failed (trivium studio and scripts read it)
-    with recorded(run_dir, writer.role, (RunStopped, KeyboardInterrupt), config=run_cfg.source, stages=names):
+    with (
+        run_log(run_dir, role),
+        recorded(run_dir, writer.role, (RunStopped, KeyboardInterrupt), config=run_cfg.source, stages=names),
+    ):
         _run_stages(run_cfg, run_dir, writer, state, point, progress)
-    log.info("run finished: %s", run_dir)
+        log.info("run finished: %s", run_dir)
     return run_dir
+
+
+@contextlib.contextmanager
+def run_log(run_dir: Path, role: str | None):
+    """The run's log lines also go to ``run.log`` in its folder (``run.{role}.log`` for each process of a
+    decoupled run), appended on resume: what Studio shows for a run started from the command line."""
+    handler = logging.FileHandler(run_dir / (f"run.{role}.log" if role else "run.log"), encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setLevel(logging.INFO)
+    logger = logging.getLogger("trivium")  # every module's logger is below it
+    level = logger.level
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)  # the file gets the run's progress even where the console shows less
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        handler.close()
 
 
 def _run_stages(run_cfg: RunConfig, run_dir: Path, writer, state: RunState, point, progress) -> None:

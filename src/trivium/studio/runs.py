@@ -84,8 +84,13 @@ def stop(guard: Guard, run_id: str) -> dict[str, Any]:
 
 
 def log_tail(guard: Guard, run_id: str, max_bytes: int = 20000) -> str:
-    """The end of the newest Studio log of ``run_id`` ('' when it was not launched from Studio)."""
+    """The end of the newest Studio log of ``run_id`` (its whole output, launched from Studio), else of the
+    log the run writes itself (``run.log`` in its folder, for a run started from the command line); ''
+    when there is neither."""
     logs = sorted((guard.root / ".studio" / "logs").glob(f"{run_id.replace(os.sep, '__')}.*.log"))
+    if not logs:
+        folder = guard.run_dir(run_id)
+        logs = sorted(folder.glob("run*.log"), key=lambda p: p.stat().st_mtime)
     if not logs:
         return ""
     with logs[-1].open("rb") as f:
