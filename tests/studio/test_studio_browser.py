@@ -74,6 +74,19 @@ def test_the_shipped_examples_open_in_place_with_no_problem(browser, tmp_path):
 
 
 @pytest.mark.integration
+def test_annotating_calls_of_a_run_that_serves_none_explains_and_offers_no_form(studio, browser):
+    """Issue 27 item 5: the serve-calls page of a run that is not a serve run showed a red error banner and
+    still offered its send form."""
+    page = open_page(browser)
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{studio.url}/#/annotate?id=p/none&source=calls")
+    text = page.locator("#annotate-not-serve").inner_text()
+    assert "has no served calls" in text and "mode=serve" in text
+    assert page.locator("#sample").count() == 0 and not errors
+
+
+@pytest.mark.integration
 @pytest.mark.slow
 def test_build_a_config_launch_it_and_watch_it_learn(studio, browser, tmp_path):
     config = quickstart_config(studio.configs)
@@ -140,6 +153,8 @@ def test_build_a_config_launch_it_and_watch_it_learn(studio, browser, tmp_path):
     page.click("#open-trajectories")
     page.wait_for_selector(".sample")
     page.select_option("#traj-measure", "advantage")
+    legend = page.locator("#colour-legend").inner_text()  # what the colours mean (issue 27 item 4)
+    assert legend.startswith("advantage:") and "negative" in legend and "positive" in legend, legend
     page.select_option("#traj-sort", "reward")
     page.select_option("#traj-order", "true")
     page.wait_for_selector(".sample .tok[data-advantage]")

@@ -38,10 +38,20 @@ async function callsPage(page, id) {
       flash(error.message);
     }
   }
+  const header = el("div", { class: "panel row" }, el("a", { href: `#/run?id=${encodeURIComponent(id)}` }, id), switcher(id, "calls"));
+  page.append(header);
+  try {
+    calls = (await api(`/api/annotate/calls?id=${encodeURIComponent(id)}`)).calls;
+  } catch (error) {
+    // not a serve run (no SQL buffer, or none of its calls): say what this page is for, offer nothing to send
+    page.append(el("div", { class: "panel muted", id: "annotate-not-serve" },
+      `${id} has no served calls to reward (${error.message}). Served calls come from a run in mode serve `
+      + "(trivium run -c CONFIG --set mode=serve); for this run's recorded samples, use recorded samples → DPO pairs above."));
+    return null;
+  }
+  header.append("good", good, "bad", bad,
+    el("span", { class: "muted" }, "keys: g good · b bad · 1-9 that choice good, the others bad · s skip"));
   page.append(
-    el("div", { class: "panel row" }, el("a", { href: `#/run?id=${encodeURIComponent(id)}` }, id), switcher(id, "calls"),
-      "good", good, "bad", bad,
-      el("span", { class: "muted" }, "keys: g good · b bad · 1-9 that choice good, the others bad · s skip")),
     el("div", { class: "panel row" }, "sample a task set through the endpoint:", sample.taskset, "field", sample.field,
       "prompts", sample.count, "answers each", sample.n, el("button", { id: "sample", onclick: sendTaskset }, "send")),
     status, box);
@@ -91,7 +101,6 @@ async function callsPage(page, id) {
     else if (e.key === "s") { at += 1; show(); }
   }
 
-  calls = (await api(`/api/annotate/calls?id=${encodeURIComponent(id)}`)).calls;
   show();
   document.addEventListener("keydown", onKey);
   return () => document.removeEventListener("keydown", onKey);

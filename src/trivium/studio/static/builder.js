@@ -220,7 +220,7 @@ export async function builderPage(page) {
         } }, "load")),
       formBox),
     el("div", {},
-      el("div", { class: "panel" },
+      el("div", { class: "panel", id: "check-panel" },
         el("div", { class: "row" }, el("span", { id: "verdict", class: "state" }, "…")),
         el("ul", { id: "problems", class: "problems" }),
         el("div", { class: "row" }, "folder", folder),

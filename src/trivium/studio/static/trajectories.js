@@ -17,6 +17,16 @@ function colour(value, scale, diverging) {
   return `rgba(230, 126, 34, ${Math.abs(x) * 0.85})`;
 }
 
+// What the colours mean for the chosen quantity: swatches at -max, 0 and +max of each sample's own scale.
+function legend(measure) {
+  const m = MEASURES[measure];
+  const swatch = (value, text) => el("span", { class: "tok", style: `background:${colour(value, 1, m.diverging)}` }, text);
+  const scale = "each sample scaled to its largest |value| on trained tokens";
+  return m.diverging
+    ? el("span", { id: "colour-legend" }, `${m.label}: `, swatch(-1, "negative"), " ", swatch(0, "0"), " ", swatch(1, "positive"), ` (${scale})`)
+    : el("span", { id: "colour-legend" }, `${m.label}: `, swatch(0, "0"), " ", swatch(0.5, "half"), " ", swatch(1, "largest magnitude"), ` (${scale})`);
+}
+
 function tokenText(text) {
   return text.replace(/\n/g, "↵").replace(/ /g, "·") || "∅";
 }
@@ -68,6 +78,7 @@ export async function trajectoriesPage(page) {
     el("div", { class: "panel row" }, el("a", { href: `#/run?id=${encodeURIComponent(id)}` }, id),
       controls.source, "step", controls.step, "sort by", controls.sort, controls.order, "colour by", controls.measure, count),
     el("div", { class: "muted legend" }, "prompt tokens grey; environment tokens hatched (not trained); hover a token for its numbers; ↵ newline, · space"),
+    el("div", { class: "muted legend", id: "colour-legend-row" }, legend(controls.measure.value)),
     list);
   let records = [];
   async function load() {
@@ -86,7 +97,10 @@ export async function trajectoriesPage(page) {
   }
   for (const c of [controls.step, controls.sort, controls.order]) c.addEventListener("change", load);
   controls.source.addEventListener("change", () => { controls.step.replaceChildren(); controls.step.value = ""; load(); });
-  controls.measure.addEventListener("change", draw);
+  controls.measure.addEventListener("change", () => {
+    document.getElementById("colour-legend-row").replaceChildren(legend(controls.measure.value));
+    draw();
+  });
   await load();
   return null;
 }
