@@ -77,3 +77,28 @@ def test_stages_without_steps_are_named_not_guessed():
     assert progress.on_record({"stage": "grpo", "step": 4}).endswith(
         "1:01:02 elapsed, ~0:00 left in the stage, ~0:00 in the run (not counting bench)"
     )
+
+
+def test_a_log_line_gets_a_line_of_its_own_under_the_progress_bar(capsys):
+    """Issue 27 item 8: in captured output a log line was glued to the end of the bar's line."""
+    import logging
+    import re
+    import sys
+
+    from trivium.monitor.metrics import Progress
+
+    root = logging.getLogger()
+    console = logging.StreamHandler(sys.stderr)
+    console.setFormatter(logging.Formatter("%(message)s"))
+    root.addHandler(console)
+    try:
+        bar = Progress("sft", 3)
+        bar.update({"train/loss": 1.0})
+        logging.getLogger("trivium.test").warning("a log line")
+        bar.update({"train/loss": 0.5})
+        bar.close()
+        assert console in root.handlers  # the console's handler is given back when the bar closes
+    finally:
+        root.removeHandler(console)
+    err = capsys.readouterr().err
+    assert "a log line" in re.split(r"[\r\n]", err), repr(err)

@@ -67,10 +67,10 @@ def explore_loop(stage, run_dir: Path, writer, state) -> None:
             stage.name,
             dropped,
         )
-    progress = Progress(f"{stage.name} (explore)", total, initial=done, enabled=cfg.monitor.progress_bar)
     if done == 0 and cfg.explorer.eval_at_start and cfg.buffer.eval_tasksets:
         record = {"stage": stage.name, "step": 0, "global_step": state.global_step, **explorer.evaluate()}
         writer.write(record)
+    progress = Progress(f"{stage.name} (explore)", total, initial=done, enabled=cfg.monitor.progress_bar)
     try:
         for step in range(done + 1, total + 1):
             t0 = time.monotonic()

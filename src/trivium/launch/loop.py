@@ -98,13 +98,14 @@ def eval_due(cfg, step: int, total: int) -> bool:
     return bool(cfg.buffer.eval_tasksets) and (step == total or bool(interval and step % interval == 0))
 
 
-def eval_at_start(cfg, explorer, stage: Stage, writer: MetricsWriter, state: RunState, progress) -> None:
-    """The baseline of the learning curve: evaluate the starting weights as step 0."""
+def eval_at_start(cfg, explorer, stage: Stage, writer: MetricsWriter, state: RunState) -> dict:
+    """The baseline of the learning curve: evaluate the starting weights as step 0; its record ({} when
+    there is none), for the progress bar made after it."""
     if explorer is None or not explorer.eval_tasksets or not cfg.explorer.eval_at_start:
-        return
+        return {}
     record = {"stage": stage.name, "step": 0, "global_step": state.global_step, **explorer.evaluate()}
     writer.write(record)
-    progress.note_eval(record)
+    return record
 
 
 @dataclass
@@ -205,9 +206,11 @@ def train_loop(
         try:
             source.close()
         finally:
-            if sync is not None:
-                sync.close()
-    end_step.progress.close()
+            try:
+                if sync is not None:
+                    sync.close()
+            finally:
+                end_step.progress.close()  # a failed run too: the bar gives the console back to logging
 
 
 def _steps(end_step, source, trainer, sync, stop, done, start_version, sync_interval) -> None:

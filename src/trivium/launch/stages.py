@@ -71,12 +71,13 @@ def online_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunS
             s.sync_interval,
             s.sync_offset,
         )
-        progress = Progress(stage.name, total, initial=done, enabled=cfg.monitor.progress_bar)
-        end_step = StepEnd(stage, run_dir, writer, state, progress, total, trainer, explorer)
-        if saved is None:
-            eval_at_start(cfg, explorer, stage, writer, state, progress)
+        baseline = eval_at_start(cfg, explorer, stage, writer, state) if saved is None else {}
         if ahead is not None:
             ahead.start()
+        # made last before the loop, which closes it whatever happens (it holds the console's log handlers)
+        progress = Progress(stage.name, total, initial=done, enabled=cfg.monitor.progress_bar)
+        progress.note_eval(baseline)
+        end_step = StepEnd(stage, run_dir, writer, state, progress, total, trainer, explorer)
         train_loop(
             end_step,
             source,
@@ -160,10 +161,11 @@ def dataset_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: Run
             total,
             cfg.buffer.batch_size,
         )
+        baseline = eval_at_start(cfg, explorer, stage, writer, state) if saved is None else {}
+        # made last before the loop, which closes it whatever happens (it holds the console's log handlers)
         progress = Progress(stage.name, total, initial=done, enabled=cfg.monitor.progress_bar)
+        progress.note_eval(baseline)
         end_step = StepEnd(stage, run_dir, writer, state, progress, total, trainer, explorer, eval_sync)
-        if saved is None:
-            eval_at_start(cfg, explorer, stage, writer, state, progress)
         # every optimizer step is a weights version (the evaluation engine catches up when it evaluates)
         train_loop(
             end_step,

@@ -131,10 +131,16 @@ class Progress:
 
     def __init__(self, stage: str, total: int, initial: int = 0, enabled: bool = True):
         self.bar = None
+        self._redirect = None
         if enabled:
             from tqdm.auto import tqdm
+            from tqdm.contrib.logging import logging_redirect_tqdm
 
             self.bar = tqdm(total=total, initial=initial, desc=stage, dynamic_ncols=True, leave=True)
+            # log lines go through tqdm.write while the bar is shown: each on a line of its own, the bar
+            # redrawn under it (written straight to the stream, they were glued to the end of the bar's line)
+            self._redirect = logging_redirect_tqdm([logging.getLogger()])
+            self._redirect.__enter__()
         self.eval_text = ""
 
     def update(self, metrics: dict[str, Any]) -> None:
@@ -156,6 +162,9 @@ class Progress:
                 self.bar.set_postfix({"eval_acc": self.eval_text})
 
     def close(self) -> None:
+        if self._redirect is not None:
+            self._redirect.__exit__(None, None, None)
+            self._redirect = None
         if self.bar is not None:
             self.bar.close()
 
