@@ -100,7 +100,7 @@ export async function runPage(page) {
   const log = el("pre", { class: "yaml", id: "log" });
   page.append(head, charts,
     el("div", { class: "cols" },
-      el("div", { class: "panel" }, el("div", { class: "muted" }, "log (launched from Studio) and failures.jsonl"), log),
+      el("div", { class: "panel" }, el("div", { class: "muted" }, "log (Studio's launch output, or the run's run.log) and failures.jsonl"), log),
       el("div", { class: "panel" }, el("div", { class: "muted" }, "resolved config"), config)));
   async function refresh() {
     const run = await api(`/api/run?id=${encodeURIComponent(id)}`);
