@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.util
 import inspect
 import re
 import sys
@@ -106,8 +107,13 @@ def add_import_paths(*folders: str | Path) -> None:
             sys.path.append(path)
 
 
-def import_plugin(module_name: str) -> None:
-    """Import a module listed under ``plugins:`` (it registers its parts); ``UnknownPartError`` otherwise."""
+def import_plugin(module_name: str, probe: bool = False) -> None:
+    """Import a module listed under ``plugins:`` (it registers its parts); ``UnknownPartError`` otherwise.
+
+    ``probe``: import it in a child Python first when this process has not imported it yet, so that a
+    module that ends the process on import (``os._exit``, a crash of a C extension) is reported instead of
+    ending check-config with no message, a run with rc 0, or Studio. Rank processes do not probe: their
+    launcher did."""
     if not isinstance(module_name, str) or not _MODULE.fullmatch(module_name):
         raise UnknownPartError(
             f"plugin {module_name!r} is not a module name",
@@ -117,6 +123,8 @@ def import_plugin(module_name: str) -> None:
         raise UnknownPartError(
             f"plugin {module_name!r} is a module of Python's standard library", "list your own modules"
         )
+    if probe and module_name not in sys.modules and importlib.util.find_spec(module_name.split(".")[0]):
+        _probe_import(module_name)  # (a module that is not there is reported by the import below)
     try:
         importlib.import_module(module_name)
     except SystemExit as err:  # sys.exit() on import must not end check-config (or Studio) silently
@@ -131,6 +139,56 @@ def import_plugin(module_name: str) -> None:
             "put the module in the config file's folder or the working directory, or on PYTHONPATH, and fix "
             "the error it raises on import",
         ) from err
+
+
+PROBE_TIMEOUT_S = 120
+
+
+def _probe_import(module_name: str) -> None:
+    """Import ``module_name`` in a child Python with this process's import path and folder; raise
+    ``UnknownPartError`` when the child ended (or hung) before the import returned. An exception or
+    ``sys.exit`` is left to the real import, which reports it with its reason."""
+    import os
+    import secrets
+    import signal
+    import subprocess
+
+    done = f"trivium-probe-{secrets.token_hex(8)}"
+    code = (
+        "import importlib, os, sys\n"
+        "try:\n    importlib.import_module(sys.argv[1])\nexcept BaseException:\n    pass\n"
+        "sys.stdout.write('\\n' + sys.argv[2] + '\\n')\nsys.stdout.flush()\nos._exit(0)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    fix = (
+        "a plugin module only registers parts when imported: move what ends the process (os._exit(), "
+        "a blocking call, a crashing extension) under `if __name__ == '__main__':`"
+    )
+    try:
+        child = subprocess.run(
+            [sys.executable, "-c", code, module_name, done],
+            capture_output=True,
+            text=True,
+            errors="replace",
+            env=env,
+            stdin=subprocess.DEVNULL,
+            timeout=PROBE_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired as err:
+        if done in str(err.stdout or ""):
+            return  # imported; only the child's exit hung
+        raise UnknownPartError(
+            f"plugin {module_name!r} did not finish importing within {PROBE_TIMEOUT_S} s", fix
+        ) from None
+    if done in child.stdout.splitlines():
+        return
+    code_said = f"signal {signal.Signals(-child.returncode).name}" if child.returncode < 0 else None
+    last = (child.stderr.strip().splitlines() or [""])[-1][:300]
+    raise UnknownPartError(
+        f"plugin {module_name!r} ended the Python process while it was imported "
+        f"({code_said or f'exit code {child.returncode}'}{'; it said: ' + last if last else ''})",
+        fix,
+    )
 
 
 def callable_part(obj: Any) -> str | None:

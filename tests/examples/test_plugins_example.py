@@ -163,3 +163,21 @@ def test_a_plugin_that_exits_on_import_is_a_problem_of_the_plugins_field(
     assert cli(["check-config", str(user_folder / "cfg.yaml")]) == 2
     err = capsys.readouterr().err
     assert "plugins[0]" in err and "sys.exit(7)" in err and "__main__" in err
+
+
+def test_a_plugin_that_ends_the_process_on_import_is_a_problem_of_the_plugins_field(
+    user_folder, plugin_registries, capsys
+):
+    """Issue 26 item 7: a plugin calling os._exit(0) on import gave check-config rc 0 with no "OK" line (and
+    would end Studio, which validates in its own process). It is imported in a child process first."""
+    from trivium.cli import main as cli
+
+    write(user_folder, "ends.py", "import os, sys\nprint('bye', file=sys.stderr)\nos._exit(0)\n")
+    write(user_folder, "crashes.py", "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n")
+    cfg = yaml.safe_load(config(user_folder).read_text())
+    cfg["plugins"] = ["ends", "crashes"]
+    (user_folder / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    assert cli(["check-config", str(user_folder / "cfg.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "plugins[0]" in err and "ended the Python process" in err and "exit code 0; it said: bye" in err
+    assert "plugins[1]" in err and "signal SIGSEGV" in err and "__main__" in err

@@ -134,3 +134,70 @@ def test_check_config_names_the_long_rows_of_a_task_set_that_errors_on_them(
     cfg["buffer"]["eval_tasksets"][0]["on_long_row"] = "skip"  # the run counts and drops it: no problem
     path.write_text(yaml.safe_dump(cfg))
     assert cli(["check-config", str(path)]) == 0
+
+
+class _TinyEngine(_Engine):
+    def __init__(self, tokenizer, max_length):
+        super().__init__()
+        self.tokenizer, self.max_length = tokenizer, max_length
+
+
+@pytest.fixture
+def tokenised_lengths(monkeypatch, tiny_model_dir):
+    """The tiny model's tokenizer, and the lengths of the texts it is asked to tokenise."""
+    from trivium.models.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_model_dir)
+    seen: list[int] = []
+    call = type(tokenizer).__call__
+
+    def spy(self, text, *args, **kwargs):
+        seen.append(len(text))
+        return call(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(type(tokenizer), "__call__", spy)
+    return tokenizer, seen
+
+
+def test_a_huge_row_is_refused_or_cut_before_it_is_tokenised(tokenised_lengths):
+    """Issue 26 item 1: a 50 MB row cost ~97 s of tokenising before its length was known. Text longer than
+    the context can hold with any of the tokenizer's tokens is refused (or cut, for truncate) first."""
+    from trivium.models.chat import char_budget, render_ids
+
+    tokenizer, seen = tokenised_lengths
+    params = SamplingParams(n=1, max_tokens=3)
+    huge = [{"role": "user", "content": "Tom has 3 apples. " * 500_000}]  # 9 M characters
+    with pytest.raises(PromptTooLong, match="9000000 characters \\(at least 512 tokens\\).*context is 512"):
+        ModelHandle(_TinyEngine(tokenizer, 512), params, on_long_prompt="skip").chat(huge)
+    assert seen == []  # refused without tokenising
+    engine = _TinyEngine(tokenizer, 512)
+    handle = ModelHandle(engine, params, on_long_prompt="truncate")
+    handle.chat(huge)
+    assert max(seen) < 2 * char_budget(tokenizer, 512) and handle.truncated_prompts == 1
+    # the cut text gives the same prompt as cutting the tokens of the whole text
+    over = [{"role": "user", "content": "Tom has 3 apples. " * (char_budget(tokenizer, 512) // 18 + 40)}]
+    handle.chat(over)
+    whole = render_ids(tokenizer, over, True)
+    assert engine.prompts[1] == whole[-len(engine.prompts[1]) :] and len(engine.prompts[1]) == 512 - 3
+    assert engine.prompts[0] == engine.prompts[1]  # same tail text, same last tokens
+
+
+def test_check_config_names_a_huge_row_without_tokenising_it(
+    tmp_path, tiny_model_dir, word_problem_dir, capsys
+):
+    huge = tmp_path / "huge.jsonl"
+    huge.write_text(json.dumps({"question": "Tom has 3 apples. " * 500_000, "answer": "3"}) + "\n")
+    cfg = {
+        **tiny_run_config(tmp_path, tiny_model_dir, "long", "huge"),
+        "buffer": {
+            "batch_size": 2,
+            "total_steps": 1,
+            "taskset": {"path": str(word_problem_dir / "train.jsonl")},
+            "eval_tasksets": [{"path": str(huge), "on_long_row": "error"}],
+        },
+    }
+    path = tmp_path / "huge.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert cli(["check-config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "row 0 (over" in err and "characters, so at least 512 tokens)" in err

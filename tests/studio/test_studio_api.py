@@ -57,6 +57,17 @@ def test_validation_puts_each_problem_on_its_field_and_save_keeps_only_yaml(stud
     )
 
 
+def test_a_plugin_that_ends_the_process_on_import_does_not_end_studio(studio):
+    """Issue 26 item 7: /api/validate imports a config's plugins in Studio's process; one calling
+    os._exit() on import ended Studio. It is imported in a child process first and named as a problem."""
+    (studio.configs / "ender.py").write_text("import os\nos._exit(3)\n")
+    text = "plugins: [ender]\nmodel: {path: Qwen/Qwen2.5-0.5B}\n"
+    result = studio.http.post("/api/validate", json={"text": text}).json()
+    problem = next(p for p in result["problems"] if p["path"] == "plugins[0]")
+    assert "ended the Python process" in problem["rule"] and "exit code 3" in problem["rule"]
+    assert studio.http.get("/api/info").status_code == 200  # Studio still answers
+
+
 @pytest.mark.slow
 def test_a_run_launched_from_studio_is_listed_watched_and_cannot_be_launched_twice(studio):
     path = tiny_run_config(studio.configs, sft_steps=3, grpo_steps=2)

@@ -163,17 +163,23 @@ def _long_rows(cfg: TriviumConfig, section, reader, field: str) -> list[Problem]
         return []  # a hub id or a recipe: the context is known at run time
     from transformers import AutoConfig
 
+    from trivium.models.chat import char_budget
     from trivium.models.loading import load_tokenizer
 
     context = getattr(AutoConfig.from_pretrained(folder), "max_position_embeddings", None)
     if not context:
         return []
     tasks = reader.all_tasks()
-    lengths = prompt_lengths(tasks, section.workflow, section.workflow_args, load_tokenizer(folder))
-    long = [(t.index, n) for t, n in zip(tasks, lengths) if n >= context]
+    tokenizer = load_tokenizer(folder)
+    lengths = prompt_lengths(tasks, section.workflow, section.workflow_args, tokenizer, cap=context)
+    long = [(t.index, n) for t, n in zip(tasks, lengths) if n is None or n >= context]
     if not long:
         return []
-    shown = ", ".join(f"row {i} ({n} tokens)" for i, n in long[:5]) + (" ..." if len(long) > 5 else "")
+    over = f"over {char_budget(tokenizer, context)} characters, so at least {context} tokens"
+    sizes = [f"{n} tokens" if n is not None else over for _, n in long[:5]]
+    shown = ", ".join(f"row {i} ({size})" for (i, _), size in zip(long, sizes)) + (
+        " ..." if len(long) > 5 else ""
+    )
     return [
         Problem(
             f"{field}.on_long_row",

@@ -241,7 +241,7 @@ def _build_stages(
     from trivium.config.input_checks import check_paths
     from trivium.config.validate import resolve_paths
 
-    problems += load_plugins(top.plugins, base_dir)
+    problems += load_plugins(top.plugins, base_dir, probe=True)  # a run, check-config, Studio
     stage_raws: list[tuple[str, str | int, dict[str, Any]]] = []
     if not top.stages:
         stage_raws.append(("main", "", raw))
@@ -359,16 +359,17 @@ def is_decoupled(cfg: TriviumConfig) -> bool:
     return cfg.mode in ("explore", "serve") or (cfg.mode == "train" and cfg.buffer.storage is not None)
 
 
-def load_plugins(modules: list[str], base_dir: Path) -> list[Problem]:
+def load_plugins(modules: list[str], base_dir: Path, probe: bool = False) -> list[Problem]:
     """Import the config's ``plugins`` (with the config's folder and the working directory on the import
-    path, which ``module:attr`` names need too); one problem per module that fails to import."""
+    path, which ``module:attr`` names need too); one problem per module that fails to import. ``probe``:
+    first import each new module in a child process (``registry.import_plugin``)."""
     from trivium.registry import UnknownPartError, add_import_paths, import_plugin
 
     add_import_paths(base_dir, Path.cwd())
     problems = []
     for i, module in enumerate(modules):
         try:
-            import_plugin(module)
+            import_plugin(module, probe=probe)
         except UnknownPartError as err:
             problems.append(Problem(join_path("plugins", i), module, err.rule, err.fix))
     return problems

@@ -22,8 +22,10 @@ mapped that way: such a conversation is refused with a ``TemplateError`` naming 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -56,6 +58,49 @@ def render_ids(
 def text_ids(tokenizer, text: str) -> list[int]:
     """``text`` as token ids with special-token parsing off (``<|end|>`` in it is text, not the token)."""
     return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+
+
+def char_budget(tokenizer, tokens: int) -> int:
+    """Characters of message text past which a conversation surely renders to at least ``tokens`` tokens,
+    known without tokenising it (a 50 MB row takes a minute to tokenise). No token stands for more
+    characters than its vocabulary entry is long (byte-level and SentencePiece vocabularies spell a token
+    with at least as many characters as the text it stands for); the factor 2 is a margin for normalisers
+    that shorten text (e.g. stripping accents)."""
+    return tokens * 2 * _longest_token(tokenizer)
+
+
+def message_chars(messages: Sequence[Mapping[str, Any]]) -> int:
+    """Characters of the string contents of ``messages`` (what ``char_budget`` is compared with)."""
+    return sum(len(m["content"]) for m in messages if isinstance(m.get("content"), str))
+
+
+def last_chars(messages: Sequence[Mapping[str, Any]], keep: int) -> list[dict[str, Any]]:
+    """``messages`` with only the last ``keep`` characters of their string contents (earlier contents
+    emptied, every message and role kept): a prompt about to lose its oldest tokens anyway, cut before it
+    is tokenised."""
+    out = [dict(m) for m in messages]
+    for message in reversed(out):
+        content = message.get("content")
+        if not isinstance(content, str):
+            continue
+        message["content"] = content[max(0, len(content) - keep) :]
+        keep = max(0, keep - len(content))
+    return out
+
+
+_LONGEST: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _longest_token(tokenizer) -> int:
+    """Characters of the tokenizer's longest vocabulary entry (at least 1), computed once per tokenizer."""
+    try:
+        return _LONGEST[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    longest = max((len(t) for t in tokenizer.get_vocab()), default=1) or 1
+    with contextlib.suppress(TypeError):  # a tokenizer that cannot be weakly referenced is not cached
+        _LONGEST[tokenizer] = longest
+    return longest
 
 
 def _render(tokenizer, messages: list[dict[str, Any]], add_generation_prompt: bool, tools: Any) -> str:

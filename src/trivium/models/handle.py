@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trivium.models.chat import render_ids
+from trivium.models.chat import char_budget, last_chars, message_chars, render_ids
 from trivium.models.protocol import Generation, SamplingParams
 
 
@@ -24,10 +24,11 @@ class PromptTooLong(ValueError):
     """A prompt fills the model's context (``on_long_row: skip | error`` of its task set); raised by the
     handle before the request reaches the shared engine, so the other tasks of the batch never see it."""
 
-    def __init__(self, length: int, max_length: int):
+    def __init__(self, length: int, max_length: int, chars: int | None = None):
         self.length, self.max_length = length, max_length
+        size = f"{length} tokens" if chars is None else f"{chars} characters (at least {length} tokens)"
         super().__init__(
-            f"the prompt has {length} tokens and the model's context is {max_length} (max_position_embeddings)"
+            f"the prompt has {size} and the model's context is {max_length} (max_position_embeddings)"
         )
 
 
@@ -68,7 +69,15 @@ class ModelHandle:
     def encode_chat(
         self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True
     ) -> list[int]:
-        """Token ids of ``messages`` rendered by the tokenizer's chat template."""
+        """Token ids of ``messages`` rendered by the tokenizer's chat template. Messages with more text than
+        the context can hold whatever the tokenizer does (``chat.char_budget``) are refused or cut
+        (``on_long_row``) before they are tokenised: a huge row costs no tokenising time."""
+        limit = self.max_length
+        chars = message_chars(messages)
+        if limit is not None and chars > (budget := char_budget(self.tokenizer, limit)):
+            if self.on_long_prompt != "truncate":
+                raise PromptTooLong(limit, limit, chars=chars)
+            messages = last_chars(messages, budget)  # still over the context: _fitted cuts its tokens
         return render_ids(self.tokenizer, messages, add_generation_prompt)
 
     @property

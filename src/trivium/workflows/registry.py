@@ -39,11 +39,14 @@ def get_workflow(name: str):
     return WORKFLOWS.get(name)
 
 
-def prompt_lengths(tasks, workflow: str, workflow_args, tokenizer) -> list[int]:
+def prompt_lengths(
+    tasks, workflow: str, workflow_args, tokenizer, cap: int | None = None
+) -> list[int | None]:
     """Tokens of each task's first prompt as its workflow renders it when the workflow says how
     (``messages``); otherwise the first field as one user message. What ``trivium doctor`` sizes with and
-    check-config holds against the model's context (``on_long_row``)."""
-    from trivium.models.chat import render_ids
+    check-config holds against the model's context (``on_long_row``). With ``cap``: a prompt with more text
+    than ``cap`` tokens can hold (``chat.char_budget``) is not tokenised and its length is None (over cap)."""
+    from trivium.models.chat import char_budget, message_chars, render_ids
 
     try:
         render = get_workflow(workflow)(**dict(workflow_args)).messages
@@ -55,7 +58,10 @@ def prompt_lengths(tasks, workflow: str, workflow_args, tokenizer) -> list[int]:
             messages = render(task)
         else:
             messages = [{"role": "user", "content": str(next(iter(task.data.values()), ""))}]
-        lengths.append(len(render_ids(tokenizer, messages, True)))
+        if cap is not None and message_chars(messages) > char_budget(tokenizer, cap):
+            lengths.append(None)
+        else:
+            lengths.append(len(render_ids(tokenizer, messages, True)))
     return lengths
 
 
