@@ -167,7 +167,7 @@ def test_a_huge_row_is_refused_or_cut_before_it_is_tokenised(tokenised_lengths):
     tokenizer, seen = tokenised_lengths
     params = SamplingParams(n=1, max_tokens=3)
     huge = [{"role": "user", "content": "Tom has 3 apples. " * 500_000}]  # 9 M characters
-    with pytest.raises(PromptTooLong, match="9000000 characters \\(at least 512 tokens\\).*context is 512"):
+    with pytest.raises(PromptTooLong, match=r"9000000 characters \(at least 512 tokens\).*context is 512"):
         ModelHandle(_TinyEngine(tokenizer, 512), params, on_long_prompt="skip").chat(huge)
     assert seen == []  # refused without tokenising
     engine = _TinyEngine(tokenizer, 512)
