@@ -73,6 +73,12 @@ def test_ci_installs_with_the_readmes_cpu_lines():
     start = ci.index(readme_lines[0])
     assert ci[start : start + len(readme_lines)] == readme_lines
     assert default == "https://download.pytorch.org/whl/cpu"
+    # the contributor's install comes after the core's, which checks the quickstart alone first (issue 27)
+    contributor = next(b for b in section.split("```bash\n")[1:] if "[dev]" in b).split("```")[0]
+    dev = _commands(contributor)
+    assert dev == [["pip", "install", "-e", ".[dev]"]] and ci.index(dev[0]) > start
+    core_check = ["trivium", "check-config", "examples/quickstart/grpo_word_problems.yaml"]
+    assert start < ci.index([*core_check, ">", "/dev/null"]) < ci.index(dev[0])
 
 
 def _readme_commands():
