@@ -97,6 +97,10 @@ def test_one_engine_and_one_rank_on_ray_equal_the_local_backend(e2e, tmp_path, r
     assert on_ray.returncode == 0, on_ray.stderr[-3000:]
     assert "Ray: joined the cluster" in on_ray.stderr and "Ray: placed grpo/rank-0 on node" in on_ray.stderr
     assert "at niceness" not in on_ray.stderr  # the cluster was started with RAY_worker_niceness=0
+    # Ray's error-level line about restartable actors' arguments is explained: the driver holds them (issue
+    # 27 item 7; a restart finding them is shown by the killed-engine and killed-explorer tests)
+    ray_line = on_ray.stderr.find("has constructor arguments in the object store and max_restarts > 0")
+    assert ray_line < 0 or on_ray.stderr.find("is expected and harmless here", ray_line) > 0
     assert re.search(r"Ray: placed \S+/explorer-\d+ on node", on_ray.stderr)
     # GRPO samples from the SFT stage's engine (reseeded: the records below equal a fresh engine's)
     assert "Ray: this stage samples from the 1 rollout engine(s) of the stage before" in on_ray.stderr

@@ -22,6 +22,7 @@ default unless started with ``RAY_worker_niceness=0`` (docs/cluster.md), and the
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -35,6 +36,13 @@ log = logging.getLogger(__name__)
 __all__ = ["ClusterError", "RayCluster"]
 
 _CURRENT: RayCluster | None = None
+# Ray logs an error-level line for every process that starts an actor with max_restarts > 0 and arguments
+# in the object store, whether or not anything holds them; here something does.
+RESTART_LINE_EXPLAINED = (
+    "Ray: the line 'core_worker.cc: Actor ... has constructor arguments in the object store and max_restarts > "
+    "0' is expected and harmless here: this driver holds the arguments of each restartable actor (rollout "
+    "engines, explorer) for the actor's life, so a restart finds them (docs/cluster.md)"
+)
 WORKER_NICENESS_ENV = "RAY_worker_niceness"
 
 
@@ -65,6 +73,8 @@ class RayCluster:
     started_here: bool
     actors: dict[str, list[Any]] = field(default_factory=dict)
     groups: dict[str, list[Any]] = field(default_factory=dict)  # placement groups, by role
+    held: dict[str, list[Any]] = field(default_factory=dict)  # restartable actors' arguments, by role
+    explained_restart_line: bool = False
 
     @classmethod
     def connect(cls, cfg, config_dir: Path) -> RayCluster:
@@ -206,7 +216,17 @@ class RayCluster:
         elif on_this_node:
             node = ray.get_runtime_context().get_node_id()
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
+        if max_restarts > 0:
+            # Ray restarts the actor with the arguments it was created with: they are put in the object
+            # store here and held for the actor's life, so that a restart finds them (a large argument
+            # passed bare is put there by Ray and may go out of scope: ray-project/ray#53727).
+            held = ray.put(tuple(args))
+            self.held.setdefault(role, []).append(held)
+            cls, args = _taking_held_args(cls), ([held],)
         actor = ray.remote(cls).options(**options).remote(*args)
+        if max_restarts > 0 and not self.explained_restart_line:  # after Ray's line
+            self.explained_restart_line = True
+            log.info(RESTART_LINE_EXPLAINED)
         try:
             where = ray.get(actor.ready.remote(), timeout=self.cfg.start_timeout_s)
         except ray.exceptions.GetTimeoutError:
@@ -234,6 +254,7 @@ class RayCluster:
             ray.kill(actor)
         for group in self.groups.pop(role, []):
             remove_placement_group(group)
+        self.held.pop(role, None)
 
     def close(self) -> None:
         global _CURRENT
@@ -244,6 +265,21 @@ class RayCluster:
         if self.started_here:
             ray.shutdown()
         _CURRENT = None
+
+
+@functools.cache
+def _taking_held_args(cls: type) -> type:
+    """``cls`` whose constructor takes ``[ref]``, a reference to its arguments in the object store (inside
+    a list, so that Ray passes the reference itself rather than the object it names)."""
+
+    class TakingHeldArgs(cls):  # type: ignore[valid-type, misc]
+        def __init__(self, boxed: list[Any]):
+            import ray
+
+            super().__init__(*ray.get(boxed[0]))
+
+    TakingHeldArgs.__name__, TakingHeldArgs.__qualname__ = cls.__name__, cls.__qualname__
+    return TakingHeldArgs
 
 
 def wait_restarted(actor, cfg, what: str, error: BaseException) -> dict[str, Any]:
