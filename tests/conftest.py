@@ -13,6 +13,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # numerics through trivium/models/bf16.py's emulation): tests/trainer/test_precision.py, tests/models/
 # test_bf16.py and the bf16 end-to-end run in tests/launch/test_end_to_end.py.
 os.environ["TRIVIUM_FAST_BF16"] = "0"
+# the bf16 speed probe's measurements are kept per machine (trivium/trainer/probe_cache.py); tests measure
+# afresh and write nothing into the home folder (test_precision.py turns keeping on in a temporary file)
+os.environ["TRIVIUM_PROBE_CACHE"] = "0"
 
 # pytest-xdist (pyproject's addopts: `-n auto --dist loadfile`): each worker takes its share of the cores, and
 # so do the runs its tests start (trivium reads OMP_NUM_THREADS when runtime.num_threads is unset): two

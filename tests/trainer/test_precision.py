@@ -227,3 +227,38 @@ def test_loss_scaling_skips_overflows_without_counting_them_as_bad_steps():
     assert norm == pytest.approx(2.0)  # unscaled: d(sum(w.x + b))/d(w, b) = (1, 1, 1, 1), norm 2
     assert not torch.equal(before[0], model.weight)
     assert "grad_scaler" in optim.state_dict()
+
+
+def test_a_measurement_is_kept_so_that_every_run_on_a_machine_decides_the_same(monkeypatch, tmp_path):
+    """The probe measured the quickstart's model at 1.14x to 1.33x from run to run around the 1.2x threshold,
+    so auto flipped between bf16 and fp32. The first measurement of a pass on a machine is kept and read
+    back; another pass, a damaged file or TRIVIUM_PROBE_CACHE=0 measure again."""
+    from trivium.trainer.precision import Probe
+
+    kept = tmp_path / "cache" / "precision_probe.json"
+    monkeypatch.setenv("TRIVIUM_FAST_BF16", "1")
+    monkeypatch.setenv("TRIVIUM_PROBE_CACHE", str(kept))
+    runs = []
+
+    def probe(ratio, key="model pass X"):
+        return Probe("the test's pass", lambda: runs.append(ratio) or ratio, key)
+
+    first = choose_precision("auto", CPU, probe=probe(1.3))
+    assert first.name == "bf16" and f"kept in {kept} so that later runs here decide the same" in first.reason
+    again = choose_precision("auto", CPU, probe=probe(1.1))  # this run's timing would say fp32
+    assert again.name == "bf16" and runs == [1.3]
+    assert "1.30x" in again.reason and "delete it to measure again" in again.reason
+    assert choose_precision("auto", CPU, probe=probe(1.1, "model pass Y")).name == "fp32"  # another model
+    kept.write_text("{not json")
+    assert choose_precision("auto", CPU, probe=probe(1.1)).name == "fp32" and runs == [1.3, 1.1, 1.1]
+    assert choose_precision("auto", CPU, probe=probe(1.5)).name == "fp32"  # the rewritten file's answer
+    monkeypatch.setenv("TRIVIUM_PROBE_CACHE", "0")
+    assert choose_precision("auto", CPU, probe=probe(1.5)).name == "bf16" and runs[-1] == 1.5
+
+
+def test_the_model_probe_is_keyed_by_architecture_not_by_folder(policy):
+    from trivium.trainer.precision import model_probe, shape_probe
+
+    key = model_probe(policy, CPU).cache_key
+    assert key.startswith("model pass ") and key == model_probe(policy, CPU).cache_key
+    assert shape_probe((64, 128), CPU).cache_key == "MLP 64x128"

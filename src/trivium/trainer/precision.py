@@ -30,6 +30,7 @@ from trivium.models.bf16 import (
     model_bf16_speedup,
     native_bf16,
 )
+from trivium.trainer.probe_cache import remembered_speedup
 
 __all__ = ["AUTO_MIN_SPEEDUP", "Precision", "Probe", "choose_precision", "model_probe", "resolve"]
 
@@ -81,6 +82,8 @@ class Probe:
 
     what: str
     speedup: Callable[[], float]
+    # the pass, for keeping its measurement per machine (``probe_cache``); None: measured every time
+    cache_key: str | None = None
 
 
 def model_probe(model: torch.nn.Module, device: torch.device) -> Probe | None:
@@ -93,6 +96,7 @@ def model_probe(model: torch.nn.Module, device: torch.device) -> Probe | None:
         return Probe(
             f"this model's forward and backward pass ({params / 1e6:.1f}M parameters, 4 x 256 tokens)",
             lambda: model_bf16_speedup(inner, device),
+            f"model pass {_architecture_id(inner)}",
         )
     shape = _hidden_and_mlp(getattr(inner, "config", None))
     return None if shape is None else shape_probe(shape, device)
@@ -103,7 +107,20 @@ def shape_probe(shape: tuple[int, int], device: torch.device) -> Probe:
     return Probe(
         f"this model's MLP (hidden {hidden}, intermediate {intermediate}, 256 tokens)",
         lambda: bf16_speedup(str(device), hidden, intermediate),
+        f"MLP {hidden}x{intermediate}",
     )
+
+
+def _architecture_id(model: torch.nn.Module) -> str:
+    """A short id of the model's architecture (its config without paths and names), for ``Probe.cache_key``."""
+    import hashlib
+    import json
+
+    config = getattr(model, "config", None)
+    fields = config.to_dict() if hasattr(config, "to_dict") else {"class": type(model).__name__}
+    fields = {k: v for k, v in fields.items() if not k.startswith("_") and k != "name_or_path"}
+    text = json.dumps(fields, sort_keys=True, default=str)
+    return f"{type(model).__name__} {hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
 
 def choose_precision(
@@ -150,10 +167,13 @@ def choose_precision(
     if probe is None:
         return Precision("bf16", device.type, why)
     try:
-        ratio = probe.speedup()
+        if probe.cache_key is None:
+            ratio, when = probe.speedup(), "measured at start"
+        else:
+            ratio, when = remembered_speedup(probe.cache_key, device, probe.speedup)
     except Exception as e:  # a model whose forward needs more than input_ids: the hardware decides
         return Precision("bf16", device.type, f"{why} (the speed probe of {probe.what} failed: {e!r})")
-    measured = f"{why}, and bf16 ran {probe.what} {ratio:.2f}x as fast as fp32 (measured at start)"
+    measured = f"{why}, and bf16 ran {probe.what} {ratio:.2f}x as fast as fp32 ({when})"
     if ratio >= AUTO_MIN_SPEEDUP:
         return Precision("bf16", device.type, measured)
     return Precision(

@@ -1,0 +1,81 @@
+"""The bf16 speed probe's measurements, kept per machine so that ``trainer.precision: auto`` decides the same
+way on every run there.
+
+The probe times a model's pass in fp32 and in bf16 and takes bf16 at ``AUTO_MIN_SPEEDUP`` or more. Near
+that threshold the timing alone decided: on a 2-core AVX-512-BF16 machine the tiny quickstart model
+measured 1.14x to 1.33x from one run to the next, so the same command trained in bf16 one time and in fp32
+the next (and a resumed run could change precision halfway). The first measurement of a pass on a machine
+is now kept in a small JSON file, keyed by the pass (the model's architecture or shapes), the device, the
+threads and torch's version; later runs there read it back and say so. Deleting the file measures again.
+
+Where: ``TRIVIUM_PROBE_CACHE`` (a file path; ``0`` turns keeping off, as the test suite does), else
+``$XDG_CACHE_HOME/trivium/precision_probe.json``, else ``~/.cache/trivium/precision_probe.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+__all__ = ["cache_file", "machine", "remembered_speedup"]
+
+
+def cache_file() -> Path | None:
+    """The file measurements are kept in, or None when keeping is off (``TRIVIUM_PROBE_CACHE=0``)."""
+    setting = os.environ.get("TRIVIUM_PROBE_CACHE", "")
+    if setting == "0":
+        return None
+    if setting:
+        return Path(setting)
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return root / "trivium" / "precision_probe.json"
+
+
+def machine(device: torch.device) -> str:
+    """The device a measurement holds for: the GPU's name, or the CPU's model name and torch's threads."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.partition(":")[2].strip()
+                break
+    except OSError:
+        pass
+    return f"{name}, {torch.get_num_threads()} threads"
+
+
+def remembered_speedup(key: str, device: torch.device, measure: Callable[[], float]) -> tuple[float, str]:
+    """``measure()``'s speed-up for the pass ``key`` on ``device``, read from the cache file when it holds
+    one, measured (and kept) otherwise; and the words that say which."""
+    path = cache_file()
+    if path is None:
+        return measure(), "measured at start"
+    full_key = f"{key} | {device.type}: {machine(device)} | torch {torch.__version__}"
+    try:
+        kept = json.loads(path.read_text())
+        kept = kept if isinstance(kept, dict) else {}
+    except (OSError, ValueError):
+        kept = {}
+    entry = kept.get(full_key)
+    if isinstance(entry, dict) and isinstance(entry.get("speedup"), (int, float)) and entry["speedup"] > 0:
+        return float(entry["speedup"]), (
+            f"measured on this machine on {entry.get('date', '?')}, kept in {path}; delete it to measure again"
+        )
+    ratio = measure()
+    kept[full_key] = {"speedup": ratio, "date": time.strftime("%Y-%m-%d")}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        partial.write_text(json.dumps(kept, indent=1, sort_keys=True))
+        os.replace(partial, path)  # whole or not at all: another run may read it now
+        return ratio, f"measured at start, kept in {path} so that later runs here decide the same"
+    except OSError as error:  # a read-only home: decide by this measurement alone
+        return ratio, f"measured at start (not kept: {error.strerror or error})"
