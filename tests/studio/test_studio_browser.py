@@ -87,6 +87,52 @@ def test_annotating_calls_of_a_run_that_serves_none_explains_and_offers_no_form(
 
 
 @pytest.mark.integration
+def test_each_stage_has_its_own_charts_and_compare_aligns_stages(studio, browser):
+    """Issue 27 items 2 and 3: an SFT and a GRPO loss shared one line on one scale (the GRPO loss flat, no
+    stage marked), phase times showed the first 6 keys alphabetically, and Compare could only put runs on the
+    global step, where a stage of a two-stage run never overlaps a one-stage run of the same algorithm."""
+    from tests.studio.conftest import tiny_run_config
+
+    two = tiny_run_config(studio.configs, "two")  # SFT 4 steps, then GRPO 3
+    cfg = yaml.safe_load(two.read_text())
+    cfg["name"], cfg["stages"] = "one", cfg["stages"][1:]  # the same GRPO stage alone
+    (studio.configs / "one.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    for name in ("two", "one"):
+        launched = studio.http.post("/api/runs/launch", json={"config": str(studio.configs / f"{name}.yaml")})
+        assert launched.status_code == 200, launched.text
+    states = lambda: {r["id"]: r["state"] for r in studio.http.get("/api/runs").json()}  # noqa: E731
+    wait_for(lambda: states() == {"e2e/two": "finished", "e2e/one": "finished"}, what="both runs to finish")
+
+    page = open_page(browser, viewport={"width": 1400, "height": 1000})
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{studio.url}/#/run?id=e2e%2Ftwo")
+    sft = page.locator('svg[data-key="train/loss"][data-stage="sft"] polyline')
+    sft.wait_for()
+    grpo = page.locator('svg[data-key="train/loss"][data-stage="grpo"] polyline')
+    assert (sft.get_attribute("data-points"), grpo.get_attribute("data-points")) == ("4", "3")
+    assert (grpo.get_attribute("data-first"), grpo.get_attribute("data-last")) == ("5", "7")
+    assert "sft: steps 1–4 · grpo: steps 5–7" in page.inner_text("#stage-strip")
+    for key in ("train/grad_norm", "train/lr", "time/step", "time/train", "time/rollout"):
+        assert page.locator(f'svg[data-key="{key}"] polyline').count() >= 1, key
+
+    page.goto(f"{studio.url}/#/compare?ids=e2e/two,e2e/one")
+    one = page.locator('svg[data-key="train/loss"] polyline[data-run="e2e/one"]')
+    one.wait_for(state="attached")  # (a flat line has no height: playwright calls it hidden)
+    assert page.locator('svg[data-key="train/loss"] polyline').count() == 3  # two's sft and grpo, one's grpo
+    two_grpo = page.locator('svg[data-key="train/loss"] polyline[data-run="e2e/two"][data-stage="grpo"]')
+    assert two_grpo.get_attribute("data-first") == "5" and one.get_attribute("data-first") == "1"
+    assert two_grpo.get_attribute("stroke-dasharray") != "none"  # a run's second stage is dashed
+    page.select_option("#compare-x", "step")
+    page.wait_for_selector(
+        'svg[data-key="train/loss"] polyline[data-run="e2e/two"][data-stage="grpo"][data-first="1"]',
+        state="attached",
+    )
+    assert one.get_attribute("data-first") == "1" and two_grpo.get_attribute("data-last") == "3"
+    assert not errors, errors
+
+
+@pytest.mark.integration
 @pytest.mark.slow
 def test_build_a_config_launch_it_and_watch_it_learn(studio, browser, tmp_path):
     config = quickstart_config(studio.configs)
@@ -140,13 +186,20 @@ def test_build_a_config_launch_it_and_watch_it_learn(studio, browser, tmp_path):
 
     # the run page: its loss chart grows while it runs, then it finishes
     page.click('a[href="#/run?id=quickstart%2Fword-problems"]')
-    line = page.locator('svg[data-key="train/loss"] polyline')
+    line = page.locator('svg[data-key="train/loss"] polyline').first  # SFT's, while only SFT has run
     line.wait_for(timeout=120_000)
     first = int(line.get_attribute("data-points"))
     wait_for(lambda: int(line.get_attribute("data-points")) > first, what="the loss chart to grow")
     page.wait_for_selector(".state.finished", timeout=300_000)
     page.wait_for_selector('svg[data-key="rollout/reward_mean"] polyline')
-    assert int(page.locator('svg[data-key="train/loss"] polyline').get_attribute("data-points")) == 26
+    sft, grpo = (f'svg[data-key="train/loss"][data-stage="{s}"] polyline' for s in ("sft", "grpo"))
+    assert (
+        page.locator(sft).get_attribute("data-points"),
+        page.locator(grpo).get_attribute("data-points"),
+    ) == (
+        "20",
+        "6",
+    )
     page.screenshot(path=str(out / "run.png"), full_page=True)
 
     # the trajectories page: find a token's advantage, coloured by advantage, the best-rewarded sample first
@@ -227,7 +280,11 @@ def test_build_a_config_launch_it_and_watch_it_learn(studio, browser, tmp_path):
     page.wait_for_selector('tr[data-run="quickstart/word-problems-2"] .state.finished', timeout=300_000)
     page.goto(f"{studio.url}/#/compare?ids={run_id},quickstart/word-problems-2")
     page.wait_for_selector('svg[data-key="train/loss"] polyline[data-run="quickstart/word-problems-2"]')
-    assert page.locator('svg[data-key="train/loss"] polyline').count() == 2
+    assert page.locator('svg[data-key="train/loss"] polyline').count() == 4  # each run's SFT and GRPO
+    page.select_option("#compare-x", "step")  # the stages overlaid
+    page.wait_for_selector(
+        'svg[data-key="train/loss"] polyline[data-stage="grpo"][data-first="1"]', state="attached"
+    )
     page.screenshot(path=str(out / "compare.png"), full_page=True)
     assert not errors, errors
 

@@ -74,22 +74,57 @@ async function stop(id, then) {
 const PREFERRED = ["time/step", "time/train", "time/rollout", "time/eval", "time/sync", "time/wait"];
 const rank = (key) => (PREFERRED.includes(key) ? PREFERRED.indexOf(key) : PREFERRED.length);
 
-function chartsFor(runs, box) {
+// a run's stages use one colour, in line styles by their order: solid, dashed, dotted, dash-dot
+const DASHES = ["", "6 3", "2 2", "8 3 2 3"];
+const STYLE_NOTE = "a run's stages: solid first, then dashed, dotted, dash-dot";
+
+function byStage(records) {
+  // [[stage, records]] in the order the stages ran
+  const stages = new Map();
+  for (const r of records) {
+    const stage = r.stage ?? "main";
+    if (!stages.has(stage)) stages.set(stage, []);
+    stages.get(stage).push(r);
+  }
+  return [...stages];
+}
+
+// x: "global_step" (the run's step counter across its stages) or "step" (the step within the stage).
+// perStage: a metric recorded in several stages gets one chart per stage, each on its own scale (an SFT
+// loss and a GRPO loss differ by orders of magnitude: on one scale the second is a flat line).
+function chartsFor(runs, box, { x = "global_step", perStage = false } = {}) {
   box.replaceChildren();
   const keys = new Set(runs.flatMap(({ records }) => records.flatMap((r) => Object.keys(r))));
+  const split = runs.map(({ id, records }, i) => ({ id, color: COLORS[i % COLORS.length], stages: byStage(records) }));
+  const xLabel = x === "step" ? "stage step" : "step";
   for (const [title, pattern] of GROUPS) {
     // the keys a reader looks for first (PREFERRED), then the rest alphabetically, at most 6 charts a group
     const matching = [...keys].filter((k) => pattern.test(k)).sort((a, b) => rank(a) - rank(b) || a.localeCompare(b));
     for (const key of matching.slice(0, 6)) {
-      const series = runs.map(({ id, records }, i) => ({
-        name: id,
-        color: COLORS[i % COLORS.length],
-        points: records.filter((r) => typeof r[key] === "number" && r.global_step !== undefined).map((r) => [r.global_step, r[key]]),
-      })).filter((s) => s.points.length);
-      if (series.length) box.append(chart(`${title}: ${key}`, series, key));
+      const series = split.flatMap(({ id, color, stages }) => stages.map(([stage, records], j) => ({
+        name: stages.length > 1 ? `${id} · ${stage}` : id,
+        run: id,
+        stage,
+        color,
+        dash: perStage ? "" : DASHES[j % DASHES.length], // (a run's page: one stage per chart, all solid)
+        points: records.filter((r) => typeof r[key] === "number" && r[x] !== undefined).map((r) => [r[x], r[key]]),
+      }))).filter((s) => s.points.length);
+      const stages = [...new Set(series.map((s) => s.stage))];
+      if (perStage && stages.length > 1) {
+        for (const stage of stages) box.append(chart(`${title}: ${key} · stage ${stage}`, series.filter((s) => s.stage === stage), key, { stage, xLabel }));
+      } else if (series.length) box.append(chart(`${title}: ${key}`, series, key, { xLabel }));
     }
   }
   if (!box.children.length) box.append(el("div", { class: "muted" }, "no step records yet"));
+}
+
+function stageStrip(records) {
+  // where each stage of a run lies on its global step axis, e.g. "sft: steps 1–20 · grpo: steps 21–26"
+  const parts = byStage(records).map(([stage, recs]) => {
+    const steps = recs.map((r) => r.global_step).filter((g) => g !== undefined);
+    return steps.length ? `${stage}: steps ${Math.min(...steps)}–${Math.max(...steps)}` : stage;
+  });
+  return parts.length > 1 ? el("div", { class: "muted", id: "stage-strip" }, `stages (global steps): ${parts.join(" · ")}`) : null;
 }
 
 export async function runPage(page) {
@@ -113,7 +148,9 @@ export async function runPage(page) {
       run.error ? el("div", { class: "state failed" }, run.error) : null,
       run.checkpoints.length ? el("div", { class: "muted" }, `checkpoints: ${run.checkpoints.join(", ")}`) : null].filter(Boolean));
     const records = await api(`/api/run/metrics?id=${encodeURIComponent(id)}`);
-    chartsFor([{ id, records }], charts);
+    const strip = stageStrip(records);
+    if (strip) head.append(strip);
+    chartsFor([{ id, records }], charts, { perStage: true });
     const tail = await api(`/api/run/log?id=${encodeURIComponent(id)}`);
     log.textContent = `${tail.log.split("\n").slice(-60).join("\n")}${tail.failures.length ? `\n--- failures.jsonl (last ${tail.failures.length})\n${tail.failures.map((f) => JSON.stringify(f)).join("\n")}` : ""}`;
     config.textContent = await api(`/api/run/config?id=${encodeURIComponent(id)}`).catch(() => "(not written yet)");
@@ -132,14 +169,18 @@ export async function comparePage(page) {
       if (e.target.checked) chosen.add(run.id); else chosen.delete(run.id);
       draw();
     } }), ` ${run.id} `)));
+  // x: the global step, or the step within each stage, so that a stage of a multi-stage run and a one-stage
+  // run of the same algorithm start at the same x
+  const axis = el("select", { id: "compare-x", onchange: () => draw() },
+    el("option", { value: "global_step" }, "x: global step"), el("option", { value: "step" }, "x: step within stage"));
   const legend = el("div", { class: "legend panel" });
   const charts = el("div", { class: "charts", id: "charts" });
-  page.append(picks, legend, charts);
+  page.append(picks, el("div", { class: "panel row" }, axis, el("span", { class: "muted" }, STYLE_NOTE)), legend, charts);
   async function draw() {
     const ids = all.map((r) => r.id).filter((id) => chosen.has(id));
     const runs = await Promise.all(ids.map(async (id) => ({ id, records: await api(`/api/run/metrics?id=${encodeURIComponent(id)}`) })));
     legend.replaceChildren(...ids.map((id, i) => el("span", {}, el("i", { style: `background:${COLORS[i % COLORS.length]}` }), id)));
-    chartsFor(runs, charts);
+    chartsFor(runs, charts, { x: axis.value });
   }
   await draw();
   const timer = setInterval(() => draw().catch((e) => flash(e.message)), 4000);
