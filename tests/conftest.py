@@ -77,15 +77,13 @@ def plugin_registries():
     from trivium.algorithm import ADVANTAGE_FNS, AGGREGATIONS, KL_FNS, POLICY_LOSS_FNS
     from trivium.algorithm.presets import PRESETS
     from trivium.buffer.sampling import SAMPLE_STRATEGIES
-    from trivium.envs.base import ENVIRONMENTS, _load_builtins
+    from trivium.envs.base import ENVIRONMENTS
     from trivium.rewards import REWARD_FNS
-    from trivium.sync import builtin  # noqa: F401
     from trivium.sync.protocol import SYNC_METHODS
     from trivium.tools import TOOLS
     from trivium.workflows.agent import AGENTS
     from trivium.workflows.registry import WORKFLOWS
 
-    _load_builtins()
     registries = [ADVANTAGE_FNS, AGGREGATIONS, KL_FNS, POLICY_LOSS_FNS, PRESETS, SAMPLE_STRATEGIES]
     registries += [ENVIRONMENTS, REWARD_FNS, TOOLS, AGENTS, WORKFLOWS, SYNC_METHODS]
     modules = set(sys.modules)

@@ -4,8 +4,10 @@ Every place where a config names a piece of code goes through a ``Registry``: wo
 environments, tools, agents, algorithm presets and their parts (advantage, policy loss, KL estimator,
 aggregation), sample strategies, weight-sync methods. A name is either
 
-- a registered name (``"math_verify"``): built-in parts register when their module is imported, and a
-  user's module registers its own parts when the config lists it under ``plugins: [my_pkg.my_mod]``; or
+- a registered name (``"math_verify"``): built-in parts register when their module is imported, which the
+  registry does on its first use (``builtins``: the module defining a registry never imports the modules
+  that fill it, so the two make no import circle), and a user's module registers its own parts when the
+  config lists it under ``plugins: [my_pkg.my_mod]``; or
 - ``"package.module:attr"``: imported on first use, with no registration at all (``attr`` may be dotted,
   ``module:Class.method``).
 
@@ -30,7 +32,8 @@ import importlib.util
 import inspect
 import re
 import sys
-from collections.abc import Callable, Iterator, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -224,6 +227,9 @@ class Registry(Generic[T]):
     ``doc`` states the signature every part must have (shown in errors); ``check(obj)`` returns why an
     object cannot be a part of this seam, or None (default: it must be callable). ``inputs``: how many
     leading parameters are the seam's inputs; the parameters after them are the part's config ``args``.
+    ``builtins``: the modules whose import registers the built-in parts, imported on the registry's first
+    use (a lookup, a listing, a registration), so that the module defining the registry never imports
+    the modules that fill it (no import circle) and a heavy built-in costs nothing until it is asked for.
     """
 
     def __init__(
@@ -233,6 +239,7 @@ class Registry(Generic[T]):
         doc: str = "",
         check: Callable[[Any], str | None] | None = None,
         inputs: int = 1,
+        builtins: Sequence[str] = (),
     ) -> None:
         self.seam = seam
         self.doc = doc
@@ -241,6 +248,27 @@ class Registry(Generic[T]):
             lambda obj: None if callable(obj) else f"is a {type(obj).__name__}, not callable"
         )
         self._parts: dict[str, T] = {}
+        self._builtins = tuple(builtins)
+        self._builtins_state = "absent" if self._builtins else "loaded"  # absent | loading | loaded
+        self._builtins_lock = threading.RLock()
+
+    def _load_builtins(self) -> None:
+        """Import ``builtins`` once. Their parts' registrations do not come back here (a built-in module may
+        be half imported when it registers its first part); another thread waits for the first load; a
+        failed import leaves them to be tried again."""
+        if self._builtins_state == "loaded":
+            return
+        with self._builtins_lock:
+            if self._builtins_state != "absent":
+                return
+            self._builtins_state = "loading"
+            try:
+                for module in self._builtins:
+                    importlib.import_module(module)
+            except BaseException:
+                self._builtins_state = "absent"
+                raise
+            self._builtins_state = "loaded"
 
     def register(self, name: str) -> Callable[[T], T]:
         """Decorator (or ``registry.register(name)(obj)``) adding ``obj`` under ``name``."""
@@ -250,6 +278,8 @@ class Registry(Generic[T]):
             )
 
         def add(obj: T) -> T:
+            if getattr(obj, "__module__", None) not in self._builtins:
+                self._load_builtins()  # a user's part that takes a built-in's name is refused now, not later
             if name in self._parts:
                 owner = getattr(self._parts[name], "__module__", "?")
                 raise ValueError(
@@ -264,6 +294,7 @@ class Registry(Generic[T]):
         return add
 
     def get(self, name: str) -> T:
+        self._load_builtins()
         if not isinstance(name, str):
             raise UnknownPartError(
                 f"{self.seam} must be named by a string, got {type(name).__name__} {name!r}", self._valid()
@@ -298,12 +329,15 @@ class Registry(Generic[T]):
         return None
 
     def names(self) -> list[str]:
+        self._load_builtins()
         return sorted(self._parts)
 
     def items(self) -> list[tuple[str, T]]:
+        self._load_builtins()
         return sorted(self._parts.items())
 
     def __contains__(self, name: object) -> bool:
+        self._load_builtins()
         return name in self._parts
 
     def __iter__(self) -> Iterator[str]:
@@ -333,6 +367,7 @@ class Registry(Generic[T]):
     @contextmanager
     def snapshot(self) -> Iterator[Registry[T]]:
         """Restore the registered parts on exit (tests that register must not leak into other tests)."""
+        self._load_builtins()  # before saving: loaded inside, they would be dropped on exit for good
         saved = dict(self._parts)
         try:
             yield self

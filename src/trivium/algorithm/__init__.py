@@ -1,6 +1,7 @@
 """Algorithm parts as pure functions of tensors: advantages, policy losses, KL, aggregation, presets.
 
-Importing this package registers every built-in part. It imports torch and ``trivium.types`` only.
+Each registry imports the modules of its built-in parts on first use (``Registry(builtins=...)``). This
+package imports torch and ``trivium.types`` only.
 """
 
 from trivium.algorithm.advantages import AdvantageInputs, broadcast_to_tokens

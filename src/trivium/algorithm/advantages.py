@@ -252,10 +252,3 @@ def _token_stats(values: Tensor, mask: Tensor) -> tuple[float, float]:
     if kept.numel() == 0:
         return 0.0, 0.0
     return float(kept.mean()), (float(kept.std()) if kept.numel() > 1 else 0.0)
-
-
-# The other advantage families register on import (this file is what `trivium.algorithm` imports).
-from trivium.algorithm import advantages_critic as _advantages_critic  # noqa: E402, F401
-from trivium.algorithm import advantages_distill as _advantages_distill  # noqa: E402, F401
-from trivium.algorithm import advantages_group as _advantages_group  # noqa: E402, F401
-from trivium.algorithm import advantages_returns as _advantages_returns  # noqa: E402, F401

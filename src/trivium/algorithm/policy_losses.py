@@ -210,10 +210,3 @@ def sppo(inputs: PolicyLossInputs, *, epsilon: float = 0.3) -> tuple[Tensor, dic
 def token_log_ratio(inputs: PolicyLossInputs) -> Tensor:
     """log ρ = ℓ − ℓold, clamped to [−20, 20] (§0.2), differentiable in ℓ."""
     return (inputs.logprobs - inputs.old_logprobs).clamp(-20.0, 20.0)
-
-
-# Policy losses defined in their own files; importing them registers them (imports at the end: they
-# import PolicyLossInputs from here).
-from trivium.algorithm import losses_mix as _losses_mix  # noqa: E402, F401
-from trivium.algorithm import losses_rec as _losses_rec  # noqa: E402, F401
-from trivium.algorithm import losses_sequence as _losses_sequence  # noqa: E402, F401

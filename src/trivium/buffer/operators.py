@@ -42,6 +42,7 @@ EXPERIENCE_OPS: Registry = Registry(
     "experience operator",
     doc="a function op(groups: list[list[Experience]], **args) -> list[list[Experience]]",
     check=callable_part,
+    builtins=["trivium.rewards.ruler"],  # the judged operator, kept with the other judges
 )
 
 
@@ -221,7 +222,3 @@ def reward_scale(
         return r if clip_max is None else min(clip_max, r)
 
     return _shape(groups, lambda e: new(e.reward))
-
-
-# the judged operator lives with the other judges; importing it registers "ruler" (after EXPERIENCE_OPS exists)
-from trivium.rewards import ruler as _ruler  # noqa: E402, F401

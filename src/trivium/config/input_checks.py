@@ -7,7 +7,6 @@ data files (``trivium check-config`` runs it; ``trivium run`` reads them anyway 
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 from trivium.config.errors import Problem, join_path
 from trivium.config.schema import MIN_TEMPERATURE, TaskSetConfig, TriviumConfig
 
-__all__ = ["check_data_files", "check_paths", "check_values", "is_loopback"]
+__all__ = ["check_data_files", "check_paths", "check_values"]
 
 MAX_PATH_BYTES = 4096  # PATH_MAX on Linux
 MAX_NAME_BYTES = 255  # NAME_MAX: one file or folder name
@@ -189,13 +188,3 @@ def _long_rows(cfg: TriviumConfig, section, reader, field: str) -> list[Problem]
             "shorten them, or set on_long_row: skip (drop and count them) or truncate",
         )
     ]
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (an address or ``localhost``) only accepts connections from this machine."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

@@ -131,7 +131,7 @@ def _check_serve_safety(cfg: TriviumConfig, at) -> list[Problem]:
     """An API key that exists and is not blank, required off loopback; reward bounds in order."""
     import os
 
-    from trivium.config.input_checks import is_loopback
+    from trivium.net import is_loopback
 
     s, out = cfg.serve, []
     if s.api_key_env and not os.environ.get(s.api_key_env, "").strip():

@@ -156,7 +156,6 @@ def _check_storage(cfg: TriviumConfig, at) -> list[Problem]:
 
 
 def _check_sync_method(cfg: TriviumConfig, at) -> list[Problem]:
-    from trivium.sync import builtin  # noqa: F401  (registers memory, checkpoint, collective)
     from trivium.sync.protocol import SYNC_METHODS
 
     problem = SYNC_METHODS.problem(cfg.synchronizer.method)

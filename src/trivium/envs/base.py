@@ -93,6 +93,7 @@ ENVIRONMENTS: Registry[type[Environment]] = Registry(
     "environment",
     doc="an Environment subclass: Class(**env_args) with reset(task) and step(text)",
     check=subclass_of(Environment),
+    builtins=["trivium.envs.frozenlake", "trivium.envs.tool_env"],  # (frozenlake imports gymnasium)
 )
 
 
@@ -108,14 +109,8 @@ def register_env(name: str):
 
 def get_env_class(name: str) -> type[Environment]:
     """The environment called ``name``: registered (built-ins included) or ``module:Class``."""
-    _load_builtins()
     return ENVIRONMENTS.get(name)
 
 
 def make_env(name: str, **env_args: Any) -> Environment:
     return get_env_class(name)(**env_args)
-
-
-def _load_builtins() -> None:
-    # Built-in environments register on import; imported lazily (gymnasium is not needed otherwise).
-    from trivium.envs import builtin as _builtin  # noqa: F401

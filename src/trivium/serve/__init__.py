@@ -15,7 +15,7 @@ __all__ = ["OpenAIServer", "RecordedCall", "Recorder", "RecordingSession", "crea
 _WHERE = {
     "OpenAIServer": "trivium.serve.openai_server",
     "create_app": "trivium.serve.openai_server",
-    "RecordedCall": "trivium.serve.recorder",
+    "RecordedCall": "trivium.serve.experiences",
     "Recorder": "trivium.serve.recorder",
     "RecordingSession": "trivium.serve.recorder",
 }

@@ -1,4 +1,5 @@
-"""Recorded calls to experiences: one per reply (``step``) or one per session (``concat``).
+"""A recorded call (``RecordedCall``, what the recorder keeps of one request through the endpoint) and its
+experiences: one per reply (``step``) or one per session (``concat``).
 
 ``concat`` lays the session out as the conversation the model saw: the first prompt, then for every call
 its sampled ids (action mask True, engine log-probs) and, between calls, the tokens the next prompt adds
@@ -12,14 +13,80 @@ stale experiences by version then never keeps one that is staler than it says.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import torch
 
-from trivium.serve.recorder import RecordedCall
 from trivium.types import Experience
 
-__all__ = ["concat_experience", "step_experiences"]
+__all__ = ["RecordedCall", "RecordedChoice", "concat_experience", "step_experiences"]
+
+
+@dataclass(frozen=True)
+class RecordedChoice:
+    """One sampled reply of a call: ids and fp32 log-probs as the engine produced them."""
+
+    index: int
+    response_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: str  # OpenAI's: "stop", "length" or "tool_calls"
+    text: str  # the decoded reply (special tokens skipped, cut at a stop string)
+    tool_calls: tuple[Mapping[str, Any], ...] = ()  # OpenAI ``tool_calls`` entries returned
+    message: Mapping[str, Any] = field(default_factory=dict)  # chat: the assistant message, template form
+
+
+@dataclass(frozen=True)
+class RecordedCall:
+    """One request through the endpoint. ``choices`` holds its ``n`` replies.
+
+    Chat calls have ``messages`` (template form) and ``tools``; completion calls have ``prompt`` (text or
+    ids). The single-reply accessors (``response_ids``, ``logprobs``, ``text``, ``finish_reason``,
+    ``tool_calls``) raise for ``n > 1``, where they would silently pick one reply.
+    """
+
+    call_id: str  # the response's ``id``
+    session_id: str | None
+    kind: Literal["chat", "completion"]
+    prompt_ids: tuple[int, ...]
+    choices: tuple[RecordedChoice, ...]
+    model_version: int
+    created: float  # unix seconds
+    messages: tuple[Mapping[str, Any], ...] | None = None
+    tools: tuple[Mapping[str, Any], ...] | None = None
+    prompt: str | tuple[int, ...] | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)  # the SamplingParams used, as a dict
+    prefix_reused: bool = False
+    continued_call_id: str | None = None  # the call whose transcript the prompt continued
+
+    @property
+    def only(self) -> RecordedChoice:
+        if len(self.choices) != 1:
+            raise ValueError(
+                f"call {self.call_id} has {len(self.choices)} choices (n > 1): read call.choices[j] instead"
+            )
+        return self.choices[0]
+
+    @property
+    def response_ids(self) -> tuple[int, ...]:
+        return self.only.response_ids
+
+    @property
+    def logprobs(self) -> tuple[float, ...]:
+        return self.only.logprobs
+
+    @property
+    def text(self) -> str:
+        return self.only.text
+
+    @property
+    def finish_reason(self) -> str:
+        return self.only.finish_reason
+
+    @property
+    def tool_calls(self) -> tuple[Mapping[str, Any], ...]:
+        return self.only.tool_calls
 
 
 def step_experiences(

@@ -38,8 +38,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from trivium.config.input_checks import is_loopback
 from trivium.models.protocol import SamplingParams
+from trivium.net import is_loopback
 from trivium.serve.limits import BodyLimit, ServeLimits
 from trivium.serve.recorder import Recorder
 from trivium.serve.schemas import (

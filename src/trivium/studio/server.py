@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import secrets
 import sys
 from pathlib import Path
 
+from trivium.net import is_loopback
+
 log = logging.getLogger(__name__)
 
 __all__ = ["studio_main"]
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def studio_main(
@@ -48,7 +40,7 @@ def studio_main(
     token_for_reads = token is not None  # a token the user chose guards every request
     if token == "auto" or token is None:
         token = secrets.token_urlsafe(24)
-    if not _loopback(host) and not token_for_reads:
+    if not is_loopback(host) and not token_for_reads:
         print(
             f"trivium studio: --host {host} opens Studio to the network, and Studio launches runs and writes "
             "files: give --token TOKEN (or --token auto), or bind 127.0.0.1 and use an SSH tunnel",

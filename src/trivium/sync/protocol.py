@@ -57,12 +57,11 @@ class WeightSync(Protocol):
 SYNC_METHODS = Registry(
     "weight sync method",
     doc="a class with from_config(cfg, run_dir, role: 'trainer' | 'rollout', engine, plan) -> WeightSync",
+    builtins=["trivium.sync.builtin"],  # memory, checkpoint, collective
 )
 
 
 def build_weight_sync(cfg, run_dir: Path, role: str, engine: Any = None, plan: Any = None) -> WeightSync:
     """The stage's ``synchronizer.method`` for one side (``role``: 'trainer' or 'rollout'); ``engine``: the
     rollout model of this process (memory, and the rollout side); ``plan``: ``versions.SyncPlan``."""
-    from trivium.sync import builtin  # noqa: F401  (registers memory, checkpoint, collective)
-
     return SYNC_METHODS.get(cfg.synchronizer.method).from_config(cfg, Path(run_dir), role, engine, plan)

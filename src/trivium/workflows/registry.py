@@ -22,6 +22,7 @@ WORKFLOWS: Registry[type] = Registry(
     "workflow",
     doc="a Workflow subclass: Class(**workflow_args).run(task, model) -> [Experience]",
     check=_is_workflow,
+    builtins=[f"trivium.workflows.{m}" for m in ("agent", "code", "countdown", "math", "multi_turn")],
 )
 
 
@@ -63,11 +64,3 @@ def prompt_lengths(
         else:
             lengths.append(len(render_ids(tokenizer, messages, True)))
     return lengths
-
-
-# Built-in workflows register themselves on import; their modules import nothing heavy at module level.
-from trivium.workflows import agent as _agent  # noqa: E402, F401
-from trivium.workflows import code as _code  # noqa: E402, F401
-from trivium.workflows import countdown as _countdown  # noqa: E402, F401
-from trivium.workflows import math as _math  # noqa: E402, F401
-from trivium.workflows import multi_turn as _multi_turn  # noqa: E402, F401
