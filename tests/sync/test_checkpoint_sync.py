@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from trivium.models.transformers_engine import TransformersEngine
+from trivium.models.weights import WeightSyncError, weights_checksum
 from trivium.sync.checkpoint import CheckpointSync
-from trivium.sync.weights import WeightSyncError, weights_checksum
 
 PUBLISHER = textwrap.dedent("""
     import sys, torch
@@ -108,7 +108,7 @@ def test_engine_in_another_precision_loads_fp32_versions_and_still_catches_damag
 
 
 def test_checksum_of_a_cast_equals_the_checksum_of_the_cast_tensors():
-    from trivium.sync.weights import cast_floating, floating_dtype
+    from trivium.models.weights import cast_floating, floating_dtype
 
     state = {"w": torch.randn(4), "step": torch.tensor([3])}
     cast = cast_floating(state, torch.bfloat16)

@@ -6,10 +6,10 @@ import time
 import pytest
 import torch
 
+from trivium.models.weights import WeightSyncError, weights_checksum
 from trivium.sync.memory import MemorySync
 from trivium.sync.protocol import SyncStopped
 from trivium.sync.versions import is_sync_step, required_version, staleness_filter
-from trivium.sync.weights import WeightSyncError, weights_checksum
 from trivium.types import Experience
 
 

@@ -71,9 +71,9 @@ def test_a_good_step_resets_the_count(policy, tokenizer):
 
 def test_a_non_finite_version_is_never_published_or_loaded(policy, tokenizer, tmp_path):
     from trivium.models.transformers_engine import TransformersEngine
+    from trivium.models.weights import WeightSyncError
     from trivium.sync.checkpoint import CheckpointSync
     from trivium.sync.memory import MemorySync
-    from trivium.sync.weights import WeightSyncError
 
     state = {k: v.clone() for k, v in policy.state_dict().items()}
     state["model.norm.weight"][0] = float("nan")

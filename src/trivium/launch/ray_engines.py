@@ -36,7 +36,7 @@ import torch
 
 from trivium.launch.ray_cluster import ClusterError, RayCluster, Request, placement_info, wait_restarted
 from trivium.models.protocol import Generation, SamplingParams
-from trivium.sync.weights import WeightSyncError
+from trivium.models.weights import WeightSyncError
 
 log = logging.getLogger(__name__)
 

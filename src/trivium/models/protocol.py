@@ -126,7 +126,7 @@ class RolloutModel(Protocol):
         ...
 
     def weights_checksum(self) -> str:
-        """``sync.weights.weights_checksum`` of what the engine holds, computed where the weights are (an
+        """``models.weights.weights_checksum`` of what the engine holds, computed where the weights are (an
         engine in another process answers without sending them)."""
         ...
 

@@ -192,7 +192,7 @@ class TransformersEngine:
         return {}
 
     def weights_checksum(self) -> str:
-        from trivium.sync.weights import weights_checksum
+        from trivium.models.weights import weights_checksum
 
         with self._lock:
             return weights_checksum(self.model.state_dict())

@@ -326,7 +326,7 @@ class VllmEngine:
 
     def weights_checksum(self) -> str:
         """Of the host copy of the weights last loaded (what was sent to vLLM's workers)."""
-        from trivium.sync.weights import weights_checksum
+        from trivium.models.weights import weights_checksum
 
         return weights_checksum(self._host)
 

@@ -16,11 +16,10 @@ step it resumes from, so each recorded step appears once.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,8 @@ TRAJECTORIES_FILE = "trajectories.jsonl"
 
 
 class TrajectoryRecorder:
-    """``recorder(step, batch, experiences, advantages, model, temperature)`` from ``Trainer.train_step``."""
+    """``recorder(step, batch, experiences, advantages, logprobs_of)`` from ``Trainer.train_step``;
+    ``logprobs_of(rows)``: the trainer's log-probs and entropies of those rows of the batch, [rows, L]."""
 
     def __init__(self, run_dir: Path, stage: str, every: int, per_step: int, tokenizer, resume_step: int = 0):
         self.path = Path(run_dir) / TRAJECTORIES_FILE
@@ -53,26 +53,13 @@ class TrajectoryRecorder:
         batch,
         experiences: Sequence,
         advantages: torch.Tensor,
-        model: torch.nn.Module,
-        temperature: float,
+        logprobs_of: Callable[[list[int]], tuple[torch.Tensor, torch.Tensor]],
     ) -> None:
         if not self.due(step) or not experiences:
             return
-        from trivium.trainer.logprobs import forward_logprobs
-
         chosen = self._choose(experiences)
         rows = sorted({int(_row_of(batch, i)) for i in chosen})
-        sub = dataclasses.replace(
-            batch,
-            input_ids=batch.input_ids[rows],
-            attention_mask=None if batch.attention_mask is None else batch.attention_mask[rows],
-            position_ids=batch.position_ids[rows],
-            loss_mask=batch.loss_mask[rows],
-        )
-        was_training = model.training
-        model.eval()
-        trainer_lp, entropy = forward_logprobs(model, sub, temperature, entropy=True)
-        model.train(was_training)
+        trainer_lp, entropy = logprobs_of(rows)
         lines = []
         for i in chosen:
             r = rows.index(int(_row_of(batch, i)))

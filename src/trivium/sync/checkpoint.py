@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from trivium.sync.weights import (
+from trivium.models.weights import (
     WeightSyncError,
     check_finite,
     check_loaded,

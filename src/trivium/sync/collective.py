@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 import torch
 import torch.distributed as dist
 
-from trivium.sync.weights import cast_floating, check_finite, check_loaded, weights_checksum
+from trivium.models.weights import cast_floating, check_finite, check_loaded, weights_checksum
 
 __all__ = ["CollectiveSync"]
 

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 
 import torch
 
+from trivium.models.weights import WeightSyncError, check_finite, check_loaded, weights_checksum
 from trivium.sync.protocol import SyncStopped
-from trivium.sync.weights import WeightSyncError, check_finite, check_loaded, weights_checksum
 
 __all__ = ["MemorySync"]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from trivium.models import lora
-from trivium.sync.weights import cast_floating
+from trivium.models.weights import cast_floating
 from trivium.trainer.parallel import Parallel
 
 __all__ = ["MODEL_DIR", "SHARDS_DIR", "export_weights", "save_model"]

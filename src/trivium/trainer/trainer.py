@@ -11,6 +11,7 @@ along only to measure the training-inference mismatch, logged every step.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -163,8 +164,9 @@ class Trainer:
         if not bool(torch.isfinite(advantages).all()):
             return self._skipped_step(t0, dropped, "the advantages are not finite")
         if self.observer is not None:  # monitor/trajectories.py: per-token records, before the update
-            model = self.parallel.unwrap(self.model)
-            self.observer(self.step + 1, batch, experiences, advantages, model, self.temperature)
+            self.observer(
+                self.step + 1, batch, experiences, advantages, lambda rows: self._rows_logprobs(batch, rows)
+            )
         skipped_before = self.optim.skipped
         seen_lp = torch.zeros_like(batch.rollout_logprobs)  # log-probs of the first pass, for the mismatch
         sums: dict[str, float] = {}
@@ -246,6 +248,25 @@ class Trainer:
         forward = self.parallel.unwrap(model)  # no gradients: no DDP hooks (FSDP2 keeps its own)
         with self.precision.autocast():
             return batched_logprobs(forward, batch, self._micro_rows(batch), self.temperature, self.parallel)
+
+    @torch.no_grad()
+    def _rows_logprobs(self, batch: TrainBatch, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs and entropies [len(rows), L] of ``rows`` of the batch under the weights now, the model
+        in eval mode (a step's trajectory records, ``monitor/trajectories.py``)."""
+        sub = dataclasses.replace(
+            batch,
+            input_ids=batch.input_ids[rows],
+            attention_mask=None if batch.attention_mask is None else batch.attention_mask[rows],
+            position_ids=batch.position_ids[rows],
+            loss_mask=batch.loss_mask[rows],
+        )
+        model = self.parallel.unwrap(self.model)
+        was_training = model.training
+        model.eval()
+        try:
+            return forward_logprobs(model, sub, self.temperature, entropy=True)
+        finally:
+            model.train(was_training)
 
     def _micro_rows(self, batch: TrainBatch, rows: int | None = None) -> int:
         """Rows per forward pass over ``rows`` of the batch (default: all of them): ``micro_batch_size``,

@@ -1,7 +1,7 @@
 """What a weights version is made of, and the one check that a rollout model loaded it right.
 
 A state dict travels from the trainer (``Trainer.export_weights``) to rollout models through one of the
-methods of this package. Whatever the method, the receiving side ends with ``check_loaded``: it hashes
+methods of ``trivium.sync``. Whatever the method, the receiving side ends with ``check_loaded``: it hashes
 what the engine now holds and compares it with the checksum of what was sent, cast to the engine's dtype
 (an engine may run in another precision, ``explorer.rollout.dtype``). A silently different policy would
 poison every experience it samples, so a mismatch is an error, never a warning.
