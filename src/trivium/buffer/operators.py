@@ -42,7 +42,7 @@ EXPERIENCE_OPS: Registry = Registry(
     "experience operator",
     doc="a function op(groups: list[list[Experience]], **args) -> list[list[Experience]]",
     check=callable_part,
-    builtins=["trivium.rewards.ruler"],  # the judged operator, kept with the other judges
+    builtins=["trivium.buffer.judged_ops"],  # ruler: written with the other judges (rewards/ruler.py)
 )
 
 

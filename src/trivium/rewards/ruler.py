@@ -7,7 +7,8 @@ task and the group's N answers, numbered, and gives each a score in [0, 1] relat
 reference answer and no hand-written reward are needed.
 
 A group exists only after every answer of a task is sampled, so RULER is an experience operator, not a
-per-answer reward (the reward seam scores one answer, rewards/registry.py):
+per-answer reward (the reward seam scores one answer, rewards/registry.py); buffer/judged_ops.py registers
+it as one:
 
     buffer:
       experience_ops:
@@ -38,13 +39,13 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from trivium.buffer.operators import EXPERIENCE_OPS, Groups
 from trivium.rewards.judge import check_judge_args, judge_settings, judged
 from trivium.types import Experience
 
 __all__ = ["RULER_PROMPT", "parse_ranking", "ruler"]
 
 log = logging.getLogger(__name__)
+Groups = list[list[Experience]]  # an experience operator's input and output (buffer/operators.py)
 
 RULER_PROMPT = (
     "Below are a task and {n} candidate answers to it. Score each answer from 0 to 1 relative to the "
@@ -98,7 +99,6 @@ def _check(args: Mapping[str, Any]) -> None:
         raise ValueError(f"the ruler operator's args.scale must be a positive number, got {args['scale']!r}")
 
 
-@EXPERIENCE_OPS.register("ruler")
 def ruler(
     groups: Groups,
     url: str = "",
