@@ -63,7 +63,6 @@ KNOWN_UPWARD = {
     ("config.validate_layout", "sync.protocol"),
     ("config.validate_monitor", "monitor.trackers"),
     ("rewards.judge", "serve.openai_server"),
-    ("serve.serve_mode", "launch.build"),
     ("workflows.agent", "serve.openai_server"),
     ("workflows.agent", "serve.recorder"),
 }

@@ -54,7 +54,7 @@ def assert_same_records(got, ref):
 def serving(stage_config, run_dir, timeout=60):
     """Mode serve (``serve_mode.serve``) in a thread of this process; yields its ``serve.json`` once it is
     up, and stops it on the way out."""
-    from trivium.serve.serve_mode import serve
+    from trivium.launch.serve_mode import serve
 
     stop = threading.Event()
     thread = threading.Thread(target=serve, args=(stage_config, run_dir), kwargs={"stop": stop})

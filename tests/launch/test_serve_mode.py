@@ -235,15 +235,15 @@ def test_a_version_that_does_not_load_is_logged_once_and_the_old_one_stays_serve
 
     import torch
 
+    from trivium.launch.serve_mode import WeightFollower
     from trivium.models.transformers_engine import TransformersEngine
-    from trivium.serve.serve_mode import WeightFollower
     from trivium.sync.checkpoint import CheckpointSync
 
     engine = TransformersEngine.from_pretrained(tiny_model_dir)
     sync = CheckpointSync(tmp_path / "sync")
     sync.publish({"not.a.weight": torch.zeros(2)}, 3)  # e.g. a train process with another model
     follower = WeightFollower(sync, engine, interval_s=0.01)
-    with caplog.at_level(logging.ERROR, logger="trivium.serve.serve_mode"):
+    with caplog.at_level(logging.ERROR, logger="trivium.launch.serve_mode"):
         assert follower.poll() is None and follower.poll() is None
     assert engine.version == 0
     [logged] = caplog.records  # the second failure, the same error, is not logged again

@@ -357,8 +357,8 @@ def test_serve_mode_runs_on_the_vllm_engine_and_follows_published_weights(
     import openai
 
     from trivium.config import validate_raw
+    from trivium.launch.serve_mode import serve
     from trivium.models import vllm_engine
-    from trivium.serve.serve_mode import serve
     from trivium.sync.checkpoint import CheckpointSync
 
     raw = {

@@ -14,11 +14,11 @@ import psutil
 import pytest
 
 from trivium.buffer.storage_sql import SqlStorage
+from trivium.launch.serve_mode import feedback_route
 from trivium.models.batching import BatchingRolloutModel
 from trivium.serve.limits import ServeLimits
 from trivium.serve.openai_server import OpenAIServer, create_app
 from trivium.serve.recorder import Recorder
-from trivium.serve.serve_mode import feedback_route
 
 KEY = "limits-key"
 QUESTION = [{"role": "user", "content": "Tom has 12 apples and gets 3 more. How many apples now?"}]

@@ -206,7 +206,7 @@ def run_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunStat
 
         explore_loop(stage, run_dir, writer, state)
     elif cfg.mode == "serve":
-        from trivium.serve.serve_mode import serve
+        from trivium.launch.serve_mode import serve
 
         serve(cfg, run_dir, state.model, state.tokenizer)
     elif cfg.mode == "train" and cfg.buffer.storage is not None:

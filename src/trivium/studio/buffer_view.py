@@ -156,7 +156,7 @@ def send_feedback(
     info: dict | None = None,
 ) -> dict[str, Any]:
     """A reward for a served call, through the serve mode's feedback handler (its checks and answers)."""
-    from trivium.serve.serve_mode import FeedbackRequest, feedback_route
+    from trivium.launch.serve_mode import FeedbackRequest, feedback_route
 
     run = _Run.of(guard, run_id)
     serve = run.serve()
