@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from trivium.buffer import TaskDataError, TaskSetReader
-from trivium.buffer.task_files import MAX_ROW_DEPTH, text_depth, value_depth
+from trivium.buffer.task_files import MAX_ROW_DEPTH
+from trivium.jsontext import text_depth, value_depth
 
 GOOD = {"question": "What is 1+1?", "answer": "#### 2"}
 

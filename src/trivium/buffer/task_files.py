@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate
 from pathlib import Path
 from typing import Any
+
+from trivium.jsontext import text_depth, value_depth
 
 __all__ = [
     "MAX_ROW_DEPTH",
@@ -37,15 +37,11 @@ __all__ = [
     "TaskDataError",
     "TaskFileNotFound",
     "load_rows",
-    "text_depth",
-    "value_depth",
 ]
 
 MEMORY = "<memory>"  # the file name of rows given as a Python list
 MAX_ROW_DEPTH = 100  # nesting levels of one row (the row object is level 1); chat rows with tools use ~8
 _LOADERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
-_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
-_BRACKETS = re.compile(r"[\[\]{}]")
 
 
 class TaskDataError(ValueError):
@@ -315,30 +311,3 @@ def _parse_line(raw: bytes) -> tuple[Any, tuple[str, str] | None]:
         name = "null" if value is None else type(value).__name__
         return None, ("not an object", f"is a JSON {name}, not an object")
     return value, None
-
-
-def text_depth(text: str, limit: int = 0) -> int:
-    """How deep the arrays and objects of JSON ``text`` nest (``{"a": [1]}``: 2), without parsing it:
-    brackets inside strings do not count. Linear time; malformed text gives some number, never an error.
-    With ``limit``, text with at most ``limit`` opening brackets returns their count (an upper bound of
-    the depth, so ``> limit`` is still exact) without scanning."""
-    opens = text.count("[") + text.count("{")
-    if opens <= max(limit, 1):
-        return opens
-    steps = [1 if c in "[{" else -1 for c in _BRACKETS.findall(_JSON_STRING.sub("", text))]
-    return max(accumulate(steps), default=0)
-
-
-def value_depth(value: Any, limit: int) -> int:
-    """Nesting depth of parsed JSON ``value`` (containers only: ``{"a": [1]}`` is 2), counted without
-    recursion and up to ``limit + 1`` at most (a deeper value stops the count)."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, (dict, list, tuple)):
-            deepest = max(deepest, depth)
-            if depth > limit:
-                return depth
-            children = node.values() if isinstance(node, dict) else node
-            stack.extend((child, depth + 1) for child in children)
-    return deepest

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from trivium.buffer.task_files import text_depth
+from trivium.jsontext import text_depth
 
 __all__ = ["BodyLimit", "FairGate", "ServeLimits", "ServerBusy"]
 
