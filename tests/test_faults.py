@@ -81,7 +81,7 @@ def test_rates_from_the_config_section_are_off_by_default():
 
 def test_config_checks_name_impossible_fault_settings(tmp_path):
     from trivium.config.errors import ConfigError
-    from trivium.config.load import load_config
+    from trivium.validation.load import load_config
 
     data = tmp_path / "t.jsonl"
     data.write_text('{"question": "1+1?", "answer": "2"}\n')

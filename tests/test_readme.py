@@ -17,7 +17,7 @@ import pytest
 from trivium.algorithm.presets import PRESETS
 from trivium.algorithm.registry import AGGREGATIONS
 from trivium.cli import main as cli
-from trivium.config import load_config
+from trivium.validation import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()

@@ -179,7 +179,8 @@ def _add_set(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_run(args) -> int:
-    from trivium.config import ConfigError, load_config
+    from trivium.config import ConfigError
+    from trivium.validation import load_config
 
     try:
         run_cfg = load_config(args.config, args.overrides, given_as="the path after --config (-c)")
@@ -218,7 +219,8 @@ def _cmd_run(args) -> int:
 def _cmd_check(args) -> int:
     import yaml
 
-    from trivium.config import ConfigError, load_config
+    from trivium.config import ConfigError
+    from trivium.validation import load_config
 
     try:  # every problem at once: fields, checks across fields, and the rows of every data file
         run_cfg = load_config(
@@ -230,8 +232,8 @@ def _cmd_check(args) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
-    from trivium.config.validate import config_notes
     from trivium.trainer.precision import explain
+    from trivium.validation.validate import config_notes
 
     for stage in run_cfg.stages:
         c = stage.config
@@ -246,7 +248,8 @@ def _cmd_check(args) -> int:
 
 
 def _cmd_doctor(args) -> int:
-    from trivium.config import ConfigError, load_config
+    from trivium.config import ConfigError
+    from trivium.validation import load_config
 
     try:
         run_cfg = load_config(
@@ -263,8 +266,9 @@ def _cmd_doctor(args) -> int:
 
 def _cmd_bench(args) -> int:
     """``trivium run`` of CONFIG as one mode-bench stage over its run's checkpoints (launch/bench.py)."""
-    from trivium.config import ConfigError, load_config
+    from trivium.config import ConfigError
     from trivium.launch.bench import bench_overrides
+    from trivium.validation import load_config
 
     try:
         run_cfg = load_config(args.config, args.overrides, given_as="the FILE argument of trivium bench FILE")

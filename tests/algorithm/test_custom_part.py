@@ -42,7 +42,7 @@ def test_dotted_path_loss_matches_hand_computed_values(capped_pg):
 
 
 def test_example_config_validates_with_the_users_module(monkeypatch):
-    from trivium.config import load_config
+    from trivium.validation import load_config
 
     monkeypatch.syspath_prepend(str(EXAMPLE))
     run = load_config(EXAMPLE / "grpo_capped_pg.yaml", check_files=False)

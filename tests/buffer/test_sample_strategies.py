@@ -4,10 +4,11 @@ import pytest
 import torch
 
 from trivium.buffer.sampling import SAMPLE_STRATEGIES
-from trivium.config import ConfigError, validate_raw
+from trivium.config import ConfigError
 from trivium.config.schema import TriviumConfig
 from trivium.models.loading import load_tokenizer
 from trivium.types import Experience
+from trivium.validation import validate_raw
 
 
 def rollout(group, version=3):

@@ -138,7 +138,7 @@ def test_tasksets_fill_taskset_and_refuse_both_or_mixed_repeat_times():
 def test_a_stage_with_two_weighted_task_sets_and_a_selector_builds_its_feed(
     tmp_path, word_problem_dir, tiny_model_dir
 ):
-    from trivium.config.load import load_config
+    from trivium.validation.load import load_config
 
     cfg_file = tmp_path / "c.yaml"
     cfg_file.write_text(
@@ -166,7 +166,7 @@ buffer:
 
 def test_check_semantics_names_bad_selectors_and_operators():
     from trivium.config.schema import TriviumConfig
-    from trivium.config.validate_data import check_data_pipeline
+    from trivium.validation.validate_data import check_data_pipeline
 
     cfg = TriviumConfig(
         buffer={
@@ -194,7 +194,7 @@ def test_check_semantics_names_bad_selectors_and_operators():
 
 def test_a_hub_id_is_kept_as_written_and_a_missing_file_is_still_reported(tmp_path):
     from trivium.config.schema import TriviumConfig
-    from trivium.config.validate import check_semantics, resolve_paths
+    from trivium.validation.validate import check_semantics, resolve_paths
 
     cfg = TriviumConfig(
         mode="both",

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from trivium.cli import main as cli
-from trivium.config import ConfigError, load_config, validate_raw
+from trivium.config import ConfigError
+from trivium.validation import load_config, validate_raw
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "examples" / "quickstart" / "grpo_word_problems.yaml"

@@ -9,8 +9,9 @@ import tracemalloc
 import pytest
 
 from trivium.cli import main as cli
-from trivium.config import ConfigError, load_config
+from trivium.config import ConfigError
 from trivium.config.safe_yaml import MAX_CONFIG_BYTES, MAX_DEPTH, MAX_NODES, safe_yaml
+from trivium.validation import load_config
 
 BASE = "model: {path: Qwen/Qwen2.5-0.5B}\nbuffer: {taskset: {path: train.jsonl}}\n"
 ROW = '{"question": "1+1?", "answer": "#### 2"}\n'

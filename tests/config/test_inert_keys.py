@@ -28,9 +28,10 @@ import yaml
 from pydantic import BaseModel
 
 from trivium.cli import main as cli
-from trivium.config import ConfigError, load_config
+from trivium.config import ConfigError
 from trivium.config.schema import TriviumConfig
 from trivium.config.schema_base import StrictModel
+from trivium.validation import load_config
 
 # Fields this scan's CPU runs cannot reach, with the part that reads each and the test that covers it.
 ELSEWHERE: dict[str, str] = {
@@ -322,7 +323,7 @@ def serve_run(tmp: Path, model_dir: Path) -> None:
 
     from tests.launch.helpers import serving
 
-    from trivium.config import validate_raw
+    from trivium.validation import validate_raw
 
     cfg = base(tmp, model_dir, "serve")
     cfg.update(mode="serve", synchronizer={"method": "checkpoint", "wait_timeout_s": 30})

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trivium.config import ConfigError, load_config
+from trivium.config import ConfigError
+from trivium.validation import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "examples" / "quickstart" / "grpo_word_problems.yaml"

@@ -179,7 +179,7 @@ def test_a_refused_request_ends_the_episode_with_reward_zero(example, scripted):
 def test_the_config_and_its_real_model_recipe_validate(example):
     """The CPU config and the ``--set`` overrides of its header (the real-model recipe) are valid configs;
     the agent's dotted path is imported by the workflow's check (the data files need not exist)."""
-    from trivium.config import load_config
+    from trivium.validation import load_config
 
     with pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(str(ROOT))

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from trivium.config import load_config
+from trivium.validation import load_config
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").rglob("*.yaml"))
 

@@ -9,8 +9,9 @@ import pytest
 import yaml
 
 from trivium.cli import main as cli
-from trivium.config import ConfigError, load_config
+from trivium.config import ConfigError
 from trivium.monitor.metrics import read_metrics
+from trivium.validation import load_config
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "plugins"
 

@@ -13,8 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tests.fuzz.fuzz_helpers import NASTY_STRINGS, both_suites, fuzz_settings, json_values
 
-from trivium.config import ConfigError, apply_overrides, load_config, validate_raw
-from trivium.config.input_checks import check_data_files
+from trivium.config import ConfigError, apply_overrides
+from trivium.validation import load_config, validate_raw
+from trivium.validation.input_checks import check_data_files
 
 REPO = Path(__file__).resolve().parents[2]
 ROW = {"question": "1+1?", "answer": "#### 2"}

@@ -59,9 +59,9 @@ def main(argv: list[str]) -> None:
 
     import trivium.launch.run as run_module
     import trivium.launch.stages  # noqa: F401
-    from trivium.config import load_config
     from trivium.explorer.explorer import Explorer
     from trivium.trainer.trainer import Trainer
+    from trivium.validation import load_config
 
     logging.basicConfig(level=logging.WARNING)
     config, overrides = argv[0], [v for k, v in zip(argv[1::2], argv[2::2]) if k == "--set"]

@@ -12,8 +12,8 @@ import pytest
 import yaml
 from tests.launch.peak_rss import measure
 
-from trivium.config import load_config
 from trivium.launch.config_doctor import explain
+from trivium.validation import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 

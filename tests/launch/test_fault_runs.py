@@ -239,7 +239,7 @@ def _start_with_file_size_limit(path: Path, limit: int) -> subprocess.Popen:
 def test_resolved_config_records_the_faults_section(tmp_path):
     """The faults of a run are part of its record (the resolved config), so a faulty run is never
     mistaken for a clean one."""
-    from trivium.config.load import load_config
+    from trivium.validation.load import load_config
 
     path = tmp_path / "c.yaml"
     path.write_text(

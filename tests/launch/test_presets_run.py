@@ -112,7 +112,8 @@ DPO_INERT = {
 
 def test_dpo_refuses_the_keys_its_trainer_does_not_read(setup, tiny_model_dir, word_problem_dir):
     """trainer/dpo.py reads none of these: each is refused by name (it was accepted and did nothing)."""
-    from trivium.config import ConfigError, apply_overrides, validate_raw
+    from trivium.config import ConfigError, apply_overrides
+    from trivium.validation import validate_raw
 
     cfg = base_config(setup, tiny_model_dir, word_problem_dir, "dpo-inert")
     cfg.update(mode="train", algorithm={"algorithm_type": "dpo"})

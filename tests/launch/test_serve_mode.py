@@ -183,7 +183,8 @@ def serve_config(tmp_path, model_dir, **serve):
 
 
 def test_serve_config_needs_a_sql_buffer_checkpoint_sync_and_its_key(tmp_path, monkeypatch):
-    from trivium.config import ConfigError, validate_raw
+    from trivium.config import ConfigError
+    from trivium.validation import validate_raw
 
     monkeypatch.delenv("TRIVIUM_TEST_KEY", raising=False)
     raw = serve_config(tmp_path, "Qwen/Qwen2.5-0.5B", api_key_env="TRIVIUM_TEST_KEY")
@@ -209,7 +210,7 @@ def test_in_process_server_needs_the_key_for_feedback_and_bounds_its_sessions(
     keep_calls calls (the calls stay in the buffer)."""
     from tests.launch.helpers import serving
 
-    from trivium.config import validate_raw
+    from trivium.validation import validate_raw
 
     monkeypatch.setenv("TRIVIUM_TEST_KEY", "secret")
     raw = serve_config(tmp_path, tiny_model_dir, api_key_env="TRIVIUM_TEST_KEY", keep_calls=2)

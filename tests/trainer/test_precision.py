@@ -123,7 +123,7 @@ def test_fp16_off_cuda_is_an_error_naming_the_field():
 
 def test_config_check_names_the_field(tmp_path):
     from trivium.config.schema import TriviumConfig
-    from trivium.config.validate import check_semantics
+    from trivium.validation.validate import check_semantics
 
     cfg = TriviumConfig.model_validate(
         {

@@ -1,16 +1,8 @@
-"""Typed configuration: schema (the single home of defaults), loading with overrides, validation."""
+"""Typed configuration: the schema (the single home of defaults), its errors, YAML reading and overrides.
+Loading a run's config with every check across fields is ``trivium.validation`` (above the runtime)."""
 
 from trivium.config.errors import ConfigError, Problem
-from trivium.config.load import RunConfig, Stage, apply_overrides, load_config, validate_raw
+from trivium.config.overrides import apply_overrides
 from trivium.config.schema import TriviumConfig
 
-__all__ = [
-    "ConfigError",
-    "Problem",
-    "RunConfig",
-    "Stage",
-    "TriviumConfig",
-    "apply_overrides",
-    "load_config",
-    "validate_raw",
-]
+__all__ = ["ConfigError", "Problem", "TriviumConfig", "apply_overrides"]

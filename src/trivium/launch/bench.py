@@ -58,6 +58,7 @@ def bench_models(cfg, run_dir: Path) -> list[tuple[str, str]]:
 
 def bench_loop(stage, run_dir: Path, writer, state) -> None:
     from trivium.launch import build
+    from trivium.launch.placement import start_explorer
 
     cfg = stage.config
     k = cfg.explorer.eval.repeat_times
@@ -68,7 +69,7 @@ def bench_loop(stage, run_dir: Path, writer, state) -> None:
     )  # a later stage continues from the trained weights, not the last benched
     for i, (label, path) in enumerate(bench_models(cfg, run_dir)):
         state.model, state.tokenizer = build.load_policy(path, cfg)
-        metrics = build.make_explorer(cfg, state).evaluate()
+        metrics = start_explorer(cfg, state).evaluate()
         record = {"stage": stage.name, "step": i, "global_step": state.global_step, "model": label, **metrics}
         writer.write(record)
         rows.append(record)

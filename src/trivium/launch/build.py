@@ -73,6 +73,15 @@ def load_policy(path: str, cfg: TriviumConfig):
     return load(path), load_tokenizer(path)
 
 
+def rollout_policy(policy: torch.nn.Module, copy_policy: bool) -> tuple[torch.nn.Module, bool]:
+    """What rollout engines run of ``policy``: LoRA adapters merged into a copy of their own (docs/scale.md)."""
+    from trivium.models import lora
+
+    if lora.is_peft(policy):
+        return lora.merged_copy(policy), False
+    return policy, copy_policy
+
+
 def build_rollout_model(
     policy: torch.nn.Module, tokenizer, cfg: TriviumConfig, version: int, *, copy_policy: bool = True
 ):
@@ -85,17 +94,9 @@ def build_rollout_model(
     as long as the engine, since vLLM loads from a folder) or, in a later stage of the same process, reuses
     the engine already running and loads the policy's weights into it in place (see models/vllm_engine.py).
     """
-    from trivium.models import lora
     from trivium.models.batching import BatchingRolloutModel
 
-    if lora.is_peft(policy):  # engines run the merged weights (docs/scale.md), on a copy of their own
-        policy, copy_policy = lora.merged_copy(policy), False
-    if cfg.cluster.backend == "ray":  # engine actors on the Ray cluster (launch/ray_engines.py)
-        from trivium.launch.ray_cluster import RayCluster
-        from trivium.launch.ray_engines import EnginePool
-
-        pool = EnginePool.start(RayCluster.current(), policy, tokenizer, cfg, version, stage=cfg.name)
-        return BatchingRolloutModel(pool)
+    policy, copy_policy = rollout_policy(policy, copy_policy)
     r = cfg.explorer.rollout
     param = next(policy.parameters())
     if r.engine_type == "vllm":
@@ -349,12 +350,10 @@ def make_trainer(cfg: TriviumConfig, model: torch.nn.Module, pad_token_id: int, 
 def make_explorer(
     cfg: TriviumConfig, state, taskset=None, queue=None, failure_log: Path | None = None, *, model=None
 ):
-    """An explorer over a rollout copy of ``state.model`` (or over ``model``, a rollout model already
-    built); ``queue``: anything with ``put(experiences)``.
-
-    ``failure_log``: a JSONL file that gets one line per failed task or episode. With ``cluster.backend:
-    ray`` an explorer of a task set runs as a Ray actor (``launch/ray_explorer.py``) and this returns its
-    stand-in; an evaluation-only explorer stays in this process."""
+    """An explorer in this process over a rollout copy of ``state.model`` (or over ``model``, a rollout
+    model already built: ``Placement.rollout_engine``); ``queue``: anything with ``put(experiences)``.
+    ``failure_log``: a JSONL file that gets one line per failed task or episode. Where it runs is the
+    placement's to say (``Placement.explorer``)."""
     from trivium.explorer.explorer import Explorer
     from trivium.faults import FaultInjector, FaultRates
 
@@ -362,13 +361,6 @@ def make_explorer(
     rollout_params, eval_params = sampling_params(cfg)
     if model is None:
         model = build_rollout_model(state.model, state.tokenizer, cfg, state.version)
-        if cfg.cluster.backend == "ray" and taskset is not None:
-            from trivium.launch.ray_cluster import RayCluster
-            from trivium.launch.ray_explorer import RemoteExplorer
-
-            log_path = None if failure_log is None else str(failure_log)
-            cluster = RayCluster.current()
-            return RemoteExplorer.start(cluster, cfg, model, queue, log_path, state.config_dir, cfg.name)
     evals = [
         task_reader(ts, cfg.seed, is_eval=True, field=f"buffer.eval_tasksets[{i}]")
         for i, ts in enumerate(cfg.buffer.eval_tasksets)

@@ -31,6 +31,7 @@ from trivium.buffer.feed import StorageFeed
 from trivium.faults import maybe_die
 from trivium.launch import build
 from trivium.launch.loop import eval_due
+from trivium.launch.placement import start_explorer
 from trivium.launch.resume import load_state_file
 from trivium.sync.protocol import build_weight_sync
 from trivium.sync.versions import required_version
@@ -47,7 +48,7 @@ def explore_loop(stage, run_dir: Path, writer, state) -> None:
     taskset = build.train_tasks(cfg)
     total = build.total_steps(cfg, len(taskset))
     storage = build.storage(cfg, run_dir)
-    explorer = build.make_explorer(  # only its put() is used
+    explorer = start_explorer(  # only its put() is used
         cfg, state, taskset, StorageFeed(storage), run_dir / "failures.jsonl"
     )
     sync = None

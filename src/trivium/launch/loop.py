@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 
-from trivium.config.load import Stage
 from trivium.faults import maybe_die
 from trivium.launch import build
 from trivium.launch.resume import ResumePoint, check_strategy, damage_named
@@ -32,6 +31,7 @@ from trivium.monitor.metrics import MetricsWriter, Progress
 from trivium.monitor.phases import PEAK_RSS, close_step
 from trivium.sync.versions import is_sync_step
 from trivium.trainer.checkpoint import prune_checkpoints, save_checkpoint
+from trivium.validation.load import Stage
 
 log = logging.getLogger(__name__)
 

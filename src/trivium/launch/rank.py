@@ -36,9 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
-    from trivium.config.load import load_plugins
     from trivium.config.schema import TriviumConfig
     from trivium.launch.ranks import CommandChannel, _backend, leave_process_group, rank_device
+    from trivium.validation.load import load_plugins
 
     cfg = TriviumConfig.model_validate_json(Path(args.config).read_text())
     problems = load_plugins(cfg.plugins, Path(args.plugin_dir))

@@ -56,12 +56,12 @@ class ExplorerActor:
     """One explorer (a Ray actor): workflows over the run's engine actors, experiences returned per step."""
 
     def __init__(self, config_json: str, plugin_dir: str, tokenizer, engines: list, meta: dict, failure_log):
-        from trivium.config.load import load_plugins
         from trivium.config.schema import TriviumConfig
         from trivium.launch import build
         from trivium.launch.ray_cluster import quiet_actor
         from trivium.launch.ray_engines import EnginePool
         from trivium.models.batching import BatchingRolloutModel
+        from trivium.validation.load import load_plugins
 
         quiet_actor()
         cfg = TriviumConfig.model_validate_json(config_json)

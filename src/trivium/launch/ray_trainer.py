@@ -34,9 +34,9 @@ class TrainerRankActor:
     """One trainer rank (a Ray actor)."""
 
     def __init__(self, config_json: str, rank: int, world: int, plugin_dir: str):
-        from trivium.config.load import load_plugins
         from trivium.config.schema import TriviumConfig
         from trivium.launch.ray_cluster import quiet_actor
+        from trivium.validation.load import load_plugins
 
         quiet_actor()
         self.cfg = TriviumConfig.model_validate_json(config_json)

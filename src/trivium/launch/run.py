@@ -19,10 +19,10 @@ from pathlib import Path
 import torch
 import yaml
 
-from trivium.config.load import RunConfig, Stage
 from trivium.launch import build, stages
 from trivium.launch.doctor import stall_doctor
 from trivium.launch.loop import RunState
+from trivium.launch.placement import placement_of
 from trivium.launch.resume import find_resume_point
 from trivium.launch.runtime import apply_threads
 from trivium.launch.stopping import RunStopped
@@ -30,6 +30,7 @@ from trivium.monitor.metrics import METRICS_FILE, MetricsWriter, RunProgress, me
 from trivium.monitor.phases import PEAK_RSS
 from trivium.monitor.status import recorded
 from trivium.monitor.tracker_set import TrackerSet
+from trivium.validation.load import RunConfig, Stage
 
 log = logging.getLogger(__name__)
 
@@ -132,14 +133,9 @@ def run_log(run_dir: Path, role: str | None):
 def _run_stages(run_cfg: RunConfig, run_dir: Path, writer, state: RunState, point, progress) -> None:
     """The stages from the resume point on, on the Ray cluster when ``cluster.backend`` is ray; the metrics
     writer (and its trackers) and the cluster are closed at the end, failed or not."""
-    cluster = None
+    place = placement_of(run_cfg.config)
     try:
-        if run_cfg.config.cluster.backend == "ray":
-            from trivium.launch.ray_cluster import RayCluster, stage_requests
-
-            cluster = RayCluster.connect(run_cfg.config, state.config_dir)
-            for stage in run_cfg.stages:  # every stage's requests, before any actor starts
-                cluster.check_fits(stage_requests(stage.config))
+        place.open(run_cfg, state.config_dir)
         for i, stage in enumerate(run_cfg.stages):
             if point is not None and i < point.stage_index:
                 continue  # finished before the checkpoint we resume from
@@ -148,27 +144,11 @@ def _run_stages(run_cfg: RunConfig, run_dir: Path, writer, state: RunState, poin
             doctor = stall_doctor(stage.config, run_dir, writer.path, role=writer.role)
             with doctor or contextlib.nullcontext():
                 run_stage(stage, run_dir, writer, state)
-            if cluster is not None:
-                cluster.kill("explorer")  # a stage's explorer ends with it
-                following = run_cfg.stages[i + 1].config if i + 1 < len(run_cfg.stages) else None
-                if following is None or not _same_engines(stage.config, following):
-                    cluster.kill("engine")  # and its rollout engines, unless the next stage asks for the same
+            following = run_cfg.stages[i + 1].config if i + 1 < len(run_cfg.stages) else None
+            place.end_stage(stage.config, following)
     finally:
         writer.close()
-        if cluster is not None:
-            cluster.close()
-
-
-def _same_engines(cfg, following) -> bool:
-    """The next stage samples from engines like this stage's (launch/ray_engines.py: they are kept)."""
-    from trivium.launch.ray_engines import engines_spec
-
-    return _has_rollout_model(following) and engines_spec(cfg) == engines_spec(following)
-
-
-def _has_rollout_model(cfg) -> bool:
-    """Whether a stage builds a rollout model: it explores, or evaluates (eval task sets)."""
-    return cfg.mode in ("both", "explore", "bench", "serve") or bool(cfg.buffer.eval_tasksets)
+        place.close()
 
 
 def _check_data(stage: Stage) -> int | None:

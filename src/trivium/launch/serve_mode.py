@@ -229,11 +229,12 @@ class WeightFollower(threading.Thread):
 def serve(cfg, run_dir: Path, policy=None, tokenizer=None, stop: threading.Event | None = None) -> None:
     """Run mode serve until SIGTERM/SIGINT (or ``stop`` is set); ``policy``/``tokenizer``: the loaded
     starting model (loaded from ``model.path`` when None). A newer published version replaces it at once."""
-    from trivium.config.validate import config_notes
     from trivium.launch import build
+    from trivium.launch.placement import placement_of
     from trivium.serve.limits import ServeLimits
     from trivium.serve.openai_server import OpenAIServer
     from trivium.sync.protocol import build_weight_sync
+    from trivium.validation.validate import config_notes
 
     for note in config_notes(cfg):
         log.warning("%s", note)
@@ -242,7 +243,7 @@ def serve(cfg, run_dir: Path, policy=None, tokenizer=None, stop: threading.Event
     s = cfg.serve
     # explorer.rollout picks the engine (transformers or vllm) and its dtype; nothing trains the policy in
     # this process, so the in-process engine takes it over instead of copying it.
-    model = build.build_rollout_model(policy, tokenizer, cfg, version=0, copy_policy=False)
+    model = placement_of(cfg).rollout_engine(policy, tokenizer, cfg, version=0, copy_policy=False)
     follower = WeightFollower(
         build_weight_sync(cfg, run_dir, "rollout", engine=model), model, s.poll_interval_s
     )

@@ -11,19 +11,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from pathlib import Path
 
-from trivium.config.load import Stage
 from trivium.launch import build
 from trivium.launch.loop import RunState, StepEnd, eval_at_start, train_loop
+from trivium.launch.placement import placement_of, start_explorer
 from trivium.launch.resume import damage_named
 from trivium.launch.sources import DatasetSource, ExperienceSource, OnlineSource
 from trivium.models import lora
 from trivium.monitor.metrics import MetricsWriter, Progress
 from trivium.sync.protocol import build_weight_sync
 from trivium.sync.versions import SyncPlan
+from trivium.validation.load import Stage
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +41,10 @@ def online_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunS
         return
     state.model = lora.prepare(state.model, cfg.model.lora)
     experiences = _experience_source(cfg, run_dir, state, per_step)
-    explorer = build.make_explorer(cfg, state, taskset, experiences.feed, run_dir / "failures.jsonl")
-    with _stage_trainer(stage, run_dir, state, total) as trainer:  # after the explorer: FSDP2 shards in place
+    explorer = start_explorer(cfg, state, taskset, experiences.feed, run_dir / "failures.jsonl")
+    with placement_of(cfg).trainer(
+        stage, run_dir, state, total
+    ) as trainer:  # after the explorer: FSDP2 shards in place
         _record_trajectories(stage, run_dir, state, trainer, done)
         sync = build_weight_sync(cfg, run_dir, "trainer", engine=explorer.model)
         start_version = _start_version(state, done, saved)
@@ -105,7 +107,7 @@ def storage_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: Run
     done, saved, folder = state.take_resume(cfg, writer)
     state.model = lora.prepare(state.model, cfg.model.lora)
     source = _experience_source(cfg, run_dir, state, per_step)
-    with _stage_trainer(stage, run_dir, state, total) as trainer:
+    with placement_of(cfg).trainer(stage, run_dir, state, total) as trainer:
         _record_trajectories(stage, run_dir, state, trainer, done)
         if saved is not None:
             with damage_named(folder, state.resumed_previous):
@@ -145,10 +147,10 @@ def dataset_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: Run
         return
     data.tokenizer = state.tokenizer
     state.model = lora.prepare(state.model, cfg.model.lora)
-    explorer = build.make_explorer(cfg, state) if cfg.buffer.eval_tasksets else None
+    explorer = start_explorer(cfg, state) if cfg.buffer.eval_tasksets else None
     eval_sync = None if explorer is None else MemorySync(explorer.model, cfg.synchronizer.verify_checksum)
     source = DatasetSource(data, cfg.buffer.batch_size)
-    with _stage_trainer(stage, run_dir, state, total) as trainer:
+    with placement_of(cfg).trainer(stage, run_dir, state, total) as trainer:
         if saved is not None:
             with damage_named(folder, state.resumed_previous):
                 trainer.load_state_dict(saved, folder)
@@ -178,42 +180,6 @@ def dataset_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: Run
         )
 
 
-@contextlib.contextmanager
-def _stage_trainer(stage: Stage, run_dir: Path, state: RunState, total: int):
-    """The stage's trainer over ``state.model``: on this process alone (``trainer.strategy: single``), or
-    rank 0 of ``trainer.world_size`` ranks that it starts (``ranks.py``) and stops when the stage ends.
-    After a multi-rank stage, the next stage starts from a plain (unsharded) model: its last checkpoint."""
-    cfg = stage.config
-    pad = state.tokenizer.pad_token_id
-    if cfg.cluster.backend == "ray":
-        from trivium.launch.ray_cluster import RayCluster
-        from trivium.launch.ray_trainer import RayTrainer
-
-        trainer = RayTrainer.start(
-            RayCluster.current(), cfg, stage.name, state.model, pad, total, state.config_dir
-        )
-        try:
-            yield trainer
-        finally:
-            trainer.close()
-        final = run_dir / "checkpoints" / stage.name / f"step_{total}" / "model"
-        state.model, _ = build.load_policy(str(final), cfg)
-        return
-    if cfg.trainer.strategy == "single":
-        yield build.make_trainer(cfg, state.model, pad, total)
-        return
-    from trivium.launch.ranks import LeaderTrainer, RankGroup
-
-    ranks = RankGroup.start(cfg, stage.name, run_dir, state.config_dir)
-    try:
-        ranks.share_model(state.model, pad, total)
-        yield LeaderTrainer(build.make_trainer(cfg, state.model, pad, total, ranks.parallel), ranks)
-    finally:
-        ranks.close()
-    final = run_dir / "checkpoints" / stage.name / f"step_{total}" / "model"
-    state.model, _ = build.load_policy(str(final), cfg)
-
-
 def _record_trajectories(stage: Stage, run_dir: Path, state: RunState, trainer, done: int) -> None:
     """Hand every RL step's batch to a ``TrajectoryRecorder`` (``monitor.trajectories``) where one process
     holds the whole model: the trainer of ``single``, rank 0's of ``ddp``."""
@@ -221,7 +187,7 @@ def _record_trajectories(stage: Stage, run_dir: Path, state: RunState, trainer, 
     t = cfg.monitor.trajectories
     if t.every == 0:
         return
-    if cfg.cluster.backend == "ray" or cfg.trainer.strategy == "fsdp2":
+    if not placement_of(cfg).holds_whole_model(cfg):
         log.info(
             "monitor.trajectories: not recorded for stage %s (trainer %s on backend %s: no process holds "
             "the whole model)",

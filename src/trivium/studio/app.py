@@ -181,9 +181,9 @@ def create_app(
     @app.post("/api/doctor")
     def doctor(body: ConfigText) -> dict[str, Any]:
         """``trivium doctor``'s text for the config: per stage, every derived quantity and the memory estimate."""
-        from trivium.config.load import validate_raw
         from trivium.config.safe_yaml import safe_yaml
         from trivium.launch.config_doctor import explain
+        from trivium.validation.load import validate_raw
 
         base = (
             guard.inside(body.folder, "configs") if body.folder else (guard.config_dirs or (guard.root,))[0]
@@ -374,8 +374,8 @@ def _problems(error: ConfigError) -> list[dict[str, Any]]:
 
 def _validate(guard: Guard, text: str, folder: str | None) -> dict[str, Any]:
     """``{ok, problems, parse_error, stages}`` for a config's YAML text."""
-    from trivium.config.load import validate_raw
     from trivium.config.safe_yaml import safe_yaml
+    from trivium.validation.load import validate_raw
 
     base = guard.inside(folder, "configs") if folder else (guard.config_dirs or (guard.root,))[0]
     try:

@@ -28,8 +28,8 @@ class Conflict(RuntimeError):
 
 def _run_folder(guard: Guard, config: Path, overrides: list[str]) -> Path:
     """The run folder the config writes to under the root (validating the config, every problem listed)."""
-    from trivium.config.load import load_config
     from trivium.launch.run import run_dir_of
+    from trivium.validation.load import load_config
 
     run_cfg = load_config(config, overrides, given_as="the config to launch")
     return guard.inside(run_dir_of(run_cfg), "runs")

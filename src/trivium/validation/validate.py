@@ -12,9 +12,9 @@ from typing import Any
 from trivium.config.errors import Problem, did_you_mean, join_path
 from trivium.config.schema import TaskSetConfig, TriviumConfig
 from trivium.config.schema_data import looks_like_hub_id
-from trivium.config.validate_data import check_data_pipeline, extra_tasksets, is_hub_path
-from trivium.config.validate_layout import check_layout, preset_or_none
-from trivium.config.validate_monitor import check_monitor
+from trivium.validation.validate_data import check_data_pipeline, extra_tasksets, is_hub_path
+from trivium.validation.validate_layout import check_layout, preset_or_none
+from trivium.validation.validate_monitor import check_monitor
 
 
 def resolve_paths(cfg: TriviumConfig, base_dir: Path) -> TriviumConfig:
@@ -396,7 +396,7 @@ def _check_data(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
         fix = (
             "or start two processes of this config, one with --set mode=explore and one with --set mode=train"
         )
-        if at("mode") != "mode":  # a stage: its own mode wins over the top level's (config/load.py)
+        if at("mode") != "mode":  # a stage: its own mode wins over the top level's (validation/load.py)
             fix = "or run this stage as two processes (mode explore and mode train) from a config of its own"
         out.append(
             Problem(

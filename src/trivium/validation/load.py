@@ -32,11 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from trivium.config.errors import ConfigError, Problem, did_you_mean, join_path
-from trivium.config.safe_yaml import MAX_DEPTH, load_yaml, safe_yaml, shown
+from trivium.config.overrides import apply_overrides, deep_merge
+from trivium.config.safe_yaml import load_yaml, shown
 from trivium.config.schema import TriviumConfig
 
 # Top-level keys that a stage may not change: they name the run folder shared by all stages.
@@ -66,76 +66,6 @@ class RunConfig:
     source: str  # the YAML file, for messages
 
 
-def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``a.b.c=value`` overrides (value parsed as YAML; ``stages.1.trainer.lr=1e-5`` indexes lists)."""
-    raw = copy.deepcopy(raw)
-    problems = []
-    for item in overrides:
-        key, sep, text = item.partition("=")
-        if not sep or not key.strip():
-            problems.append(
-                Problem(
-                    shown(item),
-                    shown(item),
-                    "an override must look like key.path=value",
-                    "e.g. --set trainer.lr=1e-5",
-                )
-            )
-            continue
-        parts = key.strip().replace("[", ".").replace("]", "").split(".")
-        if len(parts) > MAX_DEPTH:
-            problems.append(Problem(shown(key), shown(text), f"the key path has over {MAX_DEPTH} parts", ""))
-            continue
-        try:
-            value = _parse_value(text)
-        except yaml.YAMLError as exc:
-            problems.append(
-                Problem(
-                    shown(key),
-                    shown(text),
-                    f"not a YAML value: {str(exc).splitlines()[0]}",
-                    f"quote a text value: --set '{shown(key, 60)}=\"...\"'",
-                )
-            )
-            continue
-        node: Any = raw
-        try:
-            for part in parts[:-1]:
-                node = node[int(part)] if isinstance(node, list) else node.setdefault(part, {})
-            last = parts[-1]
-            if isinstance(node, list):
-                node[int(last)] = value
-            else:
-                node[last] = value
-        except (ValueError, IndexError, TypeError, AttributeError):
-            problems.append(
-                Problem(
-                    shown(key),
-                    shown(text),
-                    "the key path does not lead to a settable field",
-                    "check the path",
-                )
-            )
-    if problems:
-        raise ConfigError(problems, "--set overrides")
-    return raw
-
-
-def _parse_value(text: str) -> Any:
-    """YAML value, with unquoted numbers YAML 1.1 reads as strings (``1e-5``) turned into floats; a quoted
-    value stays text (``--set 'name="123"'``). Text starting with ``@`` or a backtick (characters YAML
-    reserves) is a string: ``--set model.path=@org/model``."""
-    if text.lstrip().startswith(("@", "`")):
-        return text.strip()
-    value = safe_yaml(text)
-    if isinstance(value, str) and not text.strip().startswith(("'", '"')):
-        try:
-            return float(value) if any(c in value.lower() for c in ".e") else int(value)
-        except ValueError:
-            return value
-    return value
-
-
 def _dedupe(problems: list[Problem]) -> list[Problem]:
     """Drop repeats of one problem that every stage inherits from the top level (same field, same value)."""
     seen, out = set(), []
@@ -144,16 +74,6 @@ def _dedupe(problems: list[Problem]) -> list[Problem]:
         if key not in seen:
             seen.add(key)
             out.append(p)
-    return out
-
-
-def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
     return out
 
 
@@ -211,7 +131,7 @@ def validate_raw(
     mode_set: bool = False,
 ) -> RunConfig:
     """Validate a loaded config (``mode_set``: ``mode`` came from ``--set``, for the stage-mode check)."""
-    from trivium.config.input_checks import check_data_files
+    from trivium.validation.input_checks import check_data_files
 
     problems: list[Problem] = []
     dropped: list[str] = []  # fields that broke the schema and were checked at their defaults
@@ -238,8 +158,8 @@ def _build_stages(
     dropped: list[str],
 ) -> list[tuple[int, str, Stage]]:
     """Every stage's complete config (index, path prefix, stage); their problems go to ``problems``."""
-    from trivium.config.input_checks import check_paths
-    from trivium.config.validate import resolve_paths
+    from trivium.validation.input_checks import check_paths
+    from trivium.validation.validate import resolve_paths
 
     problems += load_plugins(top.plugins, base_dir, probe=True)  # a run, check-config, Studio
     stage_raws: list[tuple[str, str | int, dict[str, Any]]] = []
@@ -377,8 +297,8 @@ def load_plugins(modules: list[str], base_dir: Path, probe: bool = False) -> lis
 
 def _checked(cfg: TriviumConfig, prefix: str, check_files: bool) -> list[Problem]:
     """``check_semantics``, with a crash of a check turned into a problem (see the module docstring)."""
-    from trivium.config.input_checks import check_values
-    from trivium.config.validate import check_semantics
+    from trivium.validation.input_checks import check_values
+    from trivium.validation.validate import check_semantics
 
     try:
         return check_values(cfg, prefix) + check_semantics(cfg, prefix=prefix, check_files=check_files)

@@ -1,0 +1,109 @@
+"""Where a run's roles run (``cluster.backend``), behind one seam, so that no caller tests a backend's name.
+
+``Placement`` is what the driver asks of a backend: open before the first stage (and check that every
+stage's actors fit), a stage's rollout engines, the explorer of a task set, a stage's trainer, whether one
+process holds the whole model (trajectory records need it), what ends with a stage, and close at the end.
+``local`` (here) runs everything in this process and the rank processes it starts (``ranks.py``); ``ray``
+(``ray_placement.py``) places engines, explorer and trainer ranks as Ray actors. ``PLACEMENTS`` holds them
+by ``cluster.backend``'s name and loads its built-ins on first use: this module never imports Ray's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+from trivium.launch import build
+from trivium.registry import Registry
+
+__all__ = ["PLACEMENTS", "LocalPlacement", "Placement", "placement_of", "start_explorer"]
+
+
+class Placement(Protocol):
+    def open(self, run_cfg, config_dir: Path) -> None:
+        """Before the first stage: connect to what runs the roles, and check that every stage fits."""
+
+    def rollout_engine(self, policy, tokenizer, cfg, version: int, *, copy_policy: bool = True) -> Any:
+        """The stage's batching rollout model (``build.build_rollout_model`` says what each setting means)."""
+
+    def explorer(self, cfg, state, model, taskset=None, queue=None, failure_log: Path | None = None) -> Any:
+        """The explorer of ``taskset`` sampling from ``model`` (an evaluation-only one without a task set)."""
+
+    def trainer(self, stage, run_dir: Path, state, total: int) -> contextlib.AbstractContextManager:
+        """The stage's trainer over ``state.model``, stopped when the stage ends."""
+
+    def holds_whole_model(self, cfg) -> bool:
+        """Whether one process of this run holds the whole model (``monitor.trajectories`` records there)."""
+
+    def end_stage(self, cfg, following) -> None:
+        """After stage ``cfg`` (``following``: the next stage's config, or None): stop what ends with it."""
+
+    def close(self) -> None:
+        """After the last stage, failed or not."""
+
+
+PLACEMENTS: Registry[type] = Registry(
+    "placement",
+    doc="a class with the methods of trivium.launch.placement.Placement",
+    check=lambda obj: None if isinstance(obj, type) else f"is a {type(obj).__name__}, not a class",
+    builtins=["trivium.launch.ray_placement"],
+)
+
+
+def placement_of(cfg) -> Placement:
+    """The placement of ``cluster.backend``."""
+    return PLACEMENTS.get(cfg.cluster.backend)()
+
+
+def start_explorer(cfg, state, taskset=None, queue=None, failure_log: Path | None = None) -> Any:
+    """The stage's explorer over rollout engines of ``state.model``, both where ``cluster.backend`` puts
+    them; without ``taskset``, an evaluation-only explorer."""
+    place = placement_of(cfg)
+    model = place.rollout_engine(state.model, state.tokenizer, cfg, state.version)
+    return place.explorer(cfg, state, model, taskset, queue, failure_log)
+
+
+@PLACEMENTS.register("local")
+class LocalPlacement:
+    """Every role in this process; ``trainer.world_size`` > 1 adds rank processes on this machine."""
+
+    def open(self, run_cfg, config_dir: Path) -> None:
+        pass
+
+    def rollout_engine(self, policy, tokenizer, cfg, version: int, *, copy_policy: bool = True) -> Any:
+        return build.build_rollout_model(policy, tokenizer, cfg, version, copy_policy=copy_policy)
+
+    def explorer(self, cfg, state, model, taskset=None, queue=None, failure_log: Path | None = None) -> Any:
+        return build.make_explorer(cfg, state, taskset, queue, failure_log, model=model)
+
+    @contextlib.contextmanager
+    def trainer(self, stage, run_dir: Path, state, total: int) -> Iterator[Any]:
+        """On this process alone (``trainer.strategy: single``), or rank 0 of ``trainer.world_size`` ranks
+        that it starts (``ranks.py``) and stops when the stage ends. After a multi-rank stage, the next stage
+        starts from a plain (unsharded) model: its last checkpoint."""
+        cfg = stage.config
+        pad = state.tokenizer.pad_token_id
+        if cfg.trainer.strategy == "single":
+            yield build.make_trainer(cfg, state.model, pad, total)
+            return
+        from trivium.launch.ranks import LeaderTrainer, RankGroup
+
+        ranks = RankGroup.start(cfg, stage.name, run_dir, state.config_dir)
+        try:
+            ranks.share_model(state.model, pad, total)
+            yield LeaderTrainer(build.make_trainer(cfg, state.model, pad, total, ranks.parallel), ranks)
+        finally:
+            ranks.close()
+        final = run_dir / "checkpoints" / stage.name / f"step_{total}" / "model"
+        state.model, _ = build.load_policy(str(final), cfg)
+
+    def holds_whole_model(self, cfg) -> bool:
+        return cfg.trainer.strategy != "fsdp2"  # single, and ddp's rank 0
+
+    def end_stage(self, cfg, following) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
