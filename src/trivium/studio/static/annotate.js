@@ -2,7 +2,7 @@
 // (e, then Ctrl+Enter), or skip (s). Each pick becomes preference pairs in a JSONL file DPO trains on.
 // With source=calls: the serve mode's calls still waiting for a reward; g / b reward the call good / bad,
 // 1-9 rewards that choice good and the others bad, through the serve mode's feedback path.
-import { api, el, flash, query } from "./app.js";
+import { api, el, flash, query } from "./dom.js";
 
 function switcher(id, source) {
   const link = (value, label) => (value === source ? el("strong", {}, label)

@@ -1,7 +1,7 @@
 // The config builder: a form generated from the config schema (every field with its doc, default, type,
 // range and choices), stages included; validated live by the server with `trivium check-config`'s checks,
 // each problem shown on its field; a YAML preview; save into a config folder, or download.
-import { api, el, flash } from "./app.js";
+import { api, el, flash } from "./dom.js";
 import { toYaml } from "./yaml.js";
 
 let defs = {};

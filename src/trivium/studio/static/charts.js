@@ -1,5 +1,5 @@
 // Line charts in SVG: one chart per metric, one line per series (a run's stage), x = a step counter.
-import { el } from "./app.js";
+import { el } from "./dom.js";
 
 export const COLORS = ["#2463c9", "#d1495b", "#1a7f37", "#9a6700", "#7b3fb5", "#00798c", "#c05621", "#4a5568"];
 const NS = "http://www.w3.org/2000/svg";

@@ -1,6 +1,6 @@
 // Runs: every run folder under the root with its state; launch a config, stop a run; a run's live charts,
 // resolved config, log and failures; several runs overlaid.
-import { api, el, flash, query } from "./app.js";
+import { api, el, flash, query } from "./dom.js";
 import { chart, COLORS } from "./charts.js";
 
 // charts, in this order, for the metrics a run has (a key matches when it equals or ends with the pattern)

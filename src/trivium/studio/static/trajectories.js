@@ -1,7 +1,7 @@
 // Trajectories: recorded samples token by token (monitor.trajectories), or the newest experiences of the
 // run's SQL buffer (decoupled runs: rollout numbers only), each token coloured by the chosen quantity;
 // prompt tokens grey, environment tokens (mask false) hatched; every number in a token's tooltip.
-import { api, el, query } from "./app.js";
+import { api, el, query } from "./dom.js";
 
 const MEASURES = {
   logprob: { label: "rollout log-prob", values: (r) => r.logprob, diverging: false },
