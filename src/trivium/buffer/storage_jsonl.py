@@ -44,6 +44,7 @@ from trivium.buffer.storage import (
     experience_to_record,
     record_to_experience,
 )
+from trivium.files import sync_folder, write_atomically
 from trivium.types import Experience
 
 __all__ = ["JsonlStorage"]
@@ -82,7 +83,7 @@ class JsonlStorage:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             if created:
-                _fsync_dir(self.path.parent)
+                sync_folder(self.path.parent)
             end = self._catch_up(fd)
             if key is not None and key in self._keys:
                 return list(self._keys[key])
@@ -173,7 +174,7 @@ class JsonlStorage:
                 f"the committed cursor is at byte {reader.cursor}; commit claims in the order read() "
                 "returned them"
             )
-        _write_atomically(reader.cursor_path, json.dumps({"offset": end}).encode())
+        write_atomically(reader.cursor_path, json.dumps({"offset": end}).encode(), durable=True)
         reader.cursor = end
         reader.position = max(reader.position, end)
 
@@ -348,21 +349,3 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

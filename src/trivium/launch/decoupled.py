@@ -21,7 +21,6 @@ step has exactly one record. The explore process evaluates.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -29,6 +28,7 @@ import torch
 
 from trivium.buffer.feed import StorageFeed
 from trivium.faults import maybe_die
+from trivium.files import atomic_path
 from trivium.launch import build
 from trivium.launch.loop import eval_due
 from trivium.launch.placement import start_explorer
@@ -88,7 +88,8 @@ def explore_loop(stage, run_dir: Path, writer, state) -> None:
             writer.write(
                 {"stage": stage.name, "step": step, "global_step": state.global_step + step, **record}
             )
-            _save_atomic({"step": step, "explorer": explorer.state_dict()}, state_file)
+            with atomic_path(state_file) as tmp:
+                torch.save({"step": step, "explorer": explorer.state_dict()}, tmp)
             progress.update(record)
     finally:
         storage.close()
@@ -96,9 +97,3 @@ def explore_loop(stage, run_dir: Path, writer, state) -> None:
         if sync is not None:
             sync.close()
     state.global_step += total
-
-
-def _save_atomic(obj, path: Path) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)

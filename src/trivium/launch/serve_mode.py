@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from trivium.files import write_atomically
 from trivium.serve.recorder import RecordedCall, Recorder
 
 if TYPE_CHECKING:
@@ -278,7 +279,9 @@ def serve(cfg, run_dir: Path, policy=None, tokenizer=None, stop: threading.Event
                 "port 0 to let the system choose one (serve.json in the run folder then says which)"
             ) from error
         follower.start()
-        _write_atomic(info_file, _serve_info(server, s.model_name or cfg.name, model.version))
+        write_atomically(
+            info_file, json.dumps(_serve_info(server, s.model_name or cfg.name, model.version), indent=1)
+        )
         log.info(
             "serving %s at %s (weights version %d); feedback: POST %s/feedback",
             cfg.name,
@@ -323,12 +326,6 @@ def _serve_info(server, model_name: str, version: int) -> dict[str, Any]:
         "started": time.time(),
         "version_at_start": version,
     }
-
-
-def _write_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
 
 
 def _stop_on_signals(stop: threading.Event):

@@ -14,12 +14,13 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from trivium.files import rewrite_jsonl
 
 if TYPE_CHECKING:
     from trivium.monitor.tracker_set import TrackerSet
@@ -80,15 +81,7 @@ class MetricsWriter:
         """Drop this file's records after ``global_step`` (a resumed process writes them again); returns
         how many were dropped. The file is rewritten atomically and reopened at the next record."""
         self._close_file()
-        if not self.path.exists():
-            return 0
-        lines = [x for x in self.path.read_text().splitlines() if x.strip()]
-        kept = [x for x in lines if json.loads(x).get("global_step", 0) <= global_step]
-        if len(kept) < len(lines):
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text("".join(x + "\n" for x in kept))
-            os.replace(tmp, self.path)
-        return len(lines) - len(kept)
+        return rewrite_jsonl(self.path, lambda record: record.get("global_step", 0) <= global_step)
 
     def close(self) -> None:
         """Close the file and the trackers (a tracker run ends failed when an exception is on its way)."""

@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trivium.files import write_atomically
+
 __all__ = ["read_status", "recorded", "status_path", "write_status"]
 
 STATES = ("running", "finished", "stopped", "failed")
@@ -41,9 +43,7 @@ def write_status(run_dir: Path, state: str, role: str | None = None, **fields: A
     }
     if state == "running":
         record["started"] = record["updated"]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(record, default=str))
-    os.replace(tmp, path)
+    write_atomically(path, json.dumps(record, default=str))
 
 
 def read_status(run_dir: Path, role: str | None = None) -> dict[str, Any] | None:

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
+from trivium.files import write_atomically
 from trivium.monitor.trackers import TRACKERS, Tracker, TrackerContext
 
 log = logging.getLogger(__name__)
@@ -129,9 +129,7 @@ class TrackerSet:
                 self.durable[backend] = self.state[backend]
             else:  # its ids are safe at once (the same run continues), its steps only once closed
                 self.durable[backend] = {**self.durable[backend], "saved": self.state[backend]["saved"]}
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.durable))
-        os.replace(tmp, self.path)
+        write_atomically(self.path, json.dumps(self.durable))
 
 
 def _records(path: Path | None) -> list[dict[str, Any]]:

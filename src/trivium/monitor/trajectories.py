@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from trivium.files import rewrite_jsonl
+
 log = logging.getLogger(__name__)
 
 __all__ = ["TRAJECTORIES_FILE", "TrajectoryRecorder", "read_trajectories", "token_record"]
@@ -131,17 +133,7 @@ def _row_of(batch, i: int) -> int:
 
 def _drop_after(path: Path, stage: str, step: int) -> None:
     """Keep other stages' lines and this stage's up to ``step`` (a resumed stage records its steps again)."""
-    kept = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a line cut short by a kill
-        if record.get("stage") != stage or record.get("step", 0) <= step:
-            kept.append(line)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(x + "\n" for x in kept), encoding="utf-8")
-    os.replace(tmp, path)
+    rewrite_jsonl(path, lambda record: record.get("stage") != stage or record.get("step", 0) <= step)
 
 
 def read_trajectories(run_dir: Path) -> list[dict[str, Any]]:

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from trivium.files import write_atomically
+
 __all__ = ["cache_file", "machine", "remembered_speedup"]
 
 
@@ -73,9 +75,7 @@ def remembered_speedup(key: str, device: torch.device, measure: Callable[[], flo
     kept[full_key] = {"speedup": ratio, "date": time.strftime("%Y-%m-%d")}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        partial.write_text(json.dumps(kept, indent=1, sort_keys=True))
-        os.replace(partial, path)  # whole or not at all: another run may read it now
+        write_atomically(path, json.dumps(kept, indent=1, sort_keys=True))  # another run may read it now
         return ratio, f"measured at start, kept in {path} so that later runs here decide the same"
     except OSError as error:  # a read-only home: decide by this measurement alone
         return ratio, f"measured at start (not kept: {error.strerror or error})"
