@@ -33,12 +33,13 @@ import torch
 import torch.distributed as dist
 
 from trivium.faults import maybe_die
+from trivium.launch.trainer_handle import COLLECTIVE, FanOutTrainer, rank_state
 
 log = logging.getLogger(__name__)
 
 __all__ = ["LeaderTrainer", "RankFailed", "RankGroup", "follow"]
 
-COMMANDS = ("train_step", "export_weights", "save_model", "load_state_dict")
+COMMANDS = COLLECTIVE
 CHANNEL_TIMEOUT = datetime.timedelta(days=30)  # followers wait on it while rank 0 explores
 
 
@@ -238,7 +239,7 @@ def broadcast_weights(model: torch.nn.Module) -> None:
             dist.broadcast(tensor, src=0)
 
 
-class LeaderTrainer:
+class LeaderTrainer(FanOutTrainer):
     """Rank 0's trainer in a multi-rank stage: the collective calls are announced to the other ranks,
     which make them on their part of the model; everything else is rank 0's own."""
 
@@ -267,19 +268,9 @@ class LeaderTrainer:
     def observer(self, fn) -> None:
         self.trainer.observer = fn
 
-    def train_step(self, batch) -> dict[str, float]:
-        return self._everywhere("train_step", list(batch))
-
-    def export_weights(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-        return self._everywhere("export_weights", dtype)
-
-    def save_model(self, folder: Path) -> None:
-        self._everywhere("save_model", Path(folder))
-
     def load_state_dict(self, state: dict[str, Any], folder: Path | None = None) -> None:
-        own = {k: v for k, v in state.items() if k not in ("resume", "rng")}  # what every rank needs
-        self.ranks.call("load_state_dict", own, folder)
-        self.trainer.load_state_dict(state, folder)
+        self.ranks.call("load_state_dict", rank_state(state), folder)
+        self.trainer.load_state_dict(state, folder)  # rank 0 takes the resume point and RNGs too
 
     def state_dict(self) -> dict[str, Any]:
         return self.trainer.state_dict()

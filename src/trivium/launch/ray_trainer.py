@@ -24,6 +24,7 @@ import torch
 
 from trivium.launch.ranks import RankFailed
 from trivium.launch.ray_cluster import RayCluster, Request, placement_info
+from trivium.launch.trainer_handle import COLLECTIVE, FanOutTrainer
 
 log = logging.getLogger(__name__)
 
@@ -108,10 +109,10 @@ class TrainerRankActor:
             dist.destroy_process_group()
 
 
-class RayTrainer:
+class RayTrainer(FanOutTrainer):
     """The driver's trainer over ``trainer.world_size`` rank actors (see the module docstring)."""
 
-    COMMANDS = ("train_step", "export_weights", "save_model", "load_state_dict", "state_dict")
+    COMMANDS = (*COLLECTIVE, "state_dict")
 
     def __init__(self, cluster: RayCluster, ranks: list[Any], algorithm, names: list[str]):
         self.cluster, self.ranks, self.algorithm, self.names = cluster, ranks, algorithm, names
@@ -162,19 +163,12 @@ class RayTrainer:
         return cls(cluster, ranks, AlgorithmSpec.from_config(cfg.algorithm), names)
 
     def train_step(self, batch) -> dict[str, float]:
-        metrics = self._everywhere("train_step", list(batch))
+        metrics = super().train_step(batch)
         self.step += 1
         return metrics
 
-    def export_weights(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-        return self._everywhere("export_weights", dtype)
-
-    def save_model(self, folder: Path) -> None:
-        self._everywhere("save_model", Path(folder))
-
     def load_state_dict(self, state: dict[str, Any], folder: Path | None = None) -> None:
-        own = {k: v for k, v in state.items() if k not in ("resume", "rng")}
-        self._everywhere("load_state_dict", own, folder)
+        super().load_state_dict(state, folder)
         self.step = state["step"]
 
     def state_dict(self) -> dict[str, Any]:
