@@ -92,6 +92,19 @@ def create_app(
     guard = Guard.of(root, config_dirs)
     app = FastAPI(title="trivium studio", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.guard = guard
+    _guard_access(app, token, token_for_reads, allowed_hosts)
+    _error_answers(app)
+    _page_and_info(app, guard)
+    _config_routes(app, guard)
+    _run_routes(app, guard)
+    _annotation_routes(app, guard)
+    return app
+
+
+def _guard_access(
+    app: FastAPI, token: str | None, token_for_reads: bool, allowed_hosts: tuple[str, ...]
+) -> None:
+    """The middleware that checks every request's addressed name, origin and token (``create_app``)."""
     allowed = {h.lower().strip("[]") for h in (*LOOPBACK_NAMES, *allowed_hosts)}
 
     def known(host: str) -> bool:
@@ -131,6 +144,10 @@ def create_app(
             response.set_cookie("trivium_studio", token, httponly=True, samesite="strict")
         return response
 
+
+def _error_answers(app: FastAPI) -> None:
+    """What each error of a route answers: 403 outside the folders, 404, 409, 422 with the problems."""
+
     @app.exception_handler(OutsideError)
     async def _outside(request, error):
         return JSONResponse({"error": str(error)}, 403)
@@ -150,6 +167,10 @@ def create_app(
     @app.exception_handler(ConfigError)
     async def _config(request, error):
         return JSONResponse({"error": str(error).splitlines()[0], "problems": _problems(error)}, 422)
+
+
+def _page_and_info(app: FastAPI, guard: Guard) -> None:
+    """The page, its static files, what Studio serves and the config schema the builder is made from."""
 
     @app.get("/")
     def index() -> FileResponse:
@@ -172,6 +193,10 @@ def create_app(
         from trivium.config.schema import TriviumConfig
 
         return TriviumConfig.model_json_schema()
+
+
+def _config_routes(app: FastAPI, guard: Guard) -> None:
+    """Config files: list, read, validate, explain (doctor) and save."""
 
     @app.post("/api/validate")
     def validate(body: ConfigText) -> dict[str, Any]:
@@ -228,6 +253,19 @@ def create_app(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(body.text, encoding="utf-8")
         return {"saved": str(path), **checked}
+
+
+def _run_routes(app: FastAPI, guard: Guard) -> None:
+    """Runs: launch and stop; their list, state, metrics, resolved config, log, failures and recorded
+    trajectories."""
+
+    @app.post("/api/runs/launch")
+    def launch(body: LaunchRequest) -> dict[str, Any]:
+        return run_control.launch(guard, body.config, body.overrides)
+
+    @app.post("/api/run/stop")
+    def stop(id: str) -> dict[str, Any]:
+        return run_control.stop(guard, id)
 
     @app.get("/api/runs")
     def runs() -> list[dict[str, Any]]:
@@ -302,6 +340,10 @@ def create_app(
             "records": records[: max(1, min(limit, 500))],
         }
 
+
+def _annotation_routes(app: FastAPI, guard: Guard) -> None:
+    """Annotation: preference picks on recorded samples, rewards for a serve run's calls."""
+
     @app.get("/api/annotate")
     def annotate_items(id: str) -> dict[str, Any]:
         """Groups of a run's recorded samples still to annotate (a prompt and its different answers)."""
@@ -342,16 +384,6 @@ def create_app(
             return sample_taskset(guard, body.id, body.taskset, body.field, body.count, body.n, body.offset)
         except ValueError as error:
             raise run_control.Conflict(str(error)) from error
-
-    @app.post("/api/runs/launch")
-    def launch(body: LaunchRequest) -> dict[str, Any]:
-        return run_control.launch(guard, body.config, body.overrides)
-
-    @app.post("/api/run/stop")
-    def stop(id: str) -> dict[str, Any]:
-        return run_control.stop(guard, id)
-
-    return app
 
 
 def _complete(lines: list[str]) -> list[str]:
