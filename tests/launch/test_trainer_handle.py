@@ -48,3 +48,17 @@ def test_a_fan_out_sends_each_collective_call_once_and_keeps_the_driver_state_ho
         ("save_model", (Path("out"),)),
         ("load_state_dict", ({"step": 3, "optim": {}}, Path("ckpt"))),  # no resume point, no RNGs
     ]
+
+
+@pytest.mark.parametrize(
+    "cls", ["trivium.explorer.explorer:Explorer", "trivium.launch.ray_explorer:RemoteExplorer"]
+)
+def test_every_explorer_the_loops_see_answers_the_whole_contract(cls):
+    """The explorer's side of the placement seam (``placement.ExplorerHandle``)."""
+    from trivium.launch.placement import ExplorerHandle
+    from trivium.registry import import_object
+
+    calls = [n for n, v in vars(ExplorerHandle).items() if not n.startswith("_") and callable(v)]
+    assert set(calls) == {"explore_step", "evaluate", "state_dict", "load_state_dict", "in_flight"}
+    found = import_object(cls, "explorer")
+    assert not [n for n in calls if not callable(getattr(found, n, None))]

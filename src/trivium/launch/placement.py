@@ -18,7 +18,24 @@ from typing import Any, Protocol
 from trivium.launch import build
 from trivium.registry import Registry
 
-__all__ = ["PLACEMENTS", "LocalPlacement", "Placement", "placement_of", "start_explorer"]
+__all__ = ["PLACEMENTS", "ExplorerHandle", "LocalPlacement", "Placement", "placement_of", "start_explorer"]
+
+
+class ExplorerHandle(Protocol):
+    """What the loops ask of an explorer: an ``explorer.Explorer`` in this process, or the driver's
+    ``ray_explorer.RemoteExplorer`` over an explorer actor (``Placement.explorer`` returns one)."""
+
+    model: Any  # the rollout model it samples from (weight syncs load into it)
+
+    def explore_step(self, step: int) -> dict[str, float]: ...
+
+    def evaluate(self) -> dict[str, float]: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+    def in_flight(self) -> list[tuple[str, float]]: ...
 
 
 class Placement(Protocol):
@@ -28,7 +45,9 @@ class Placement(Protocol):
     def rollout_engine(self, policy, tokenizer, cfg, version: int, *, copy_policy: bool = True) -> Any:
         """The stage's batching rollout model (``build.build_rollout_model`` says what each setting means)."""
 
-    def explorer(self, cfg, state, model, taskset=None, queue=None, failure_log: Path | None = None) -> Any:
+    def explorer(
+        self, cfg, state, model, taskset=None, queue=None, failure_log: Path | None = None
+    ) -> ExplorerHandle:
         """The explorer of ``taskset`` sampling from ``model`` (an evaluation-only one without a task set)."""
 
     def trainer(self, stage, run_dir: Path, state, total: int) -> contextlib.AbstractContextManager:
