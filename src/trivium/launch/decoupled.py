@@ -3,8 +3,9 @@
     trivium run -c cfg.yaml --set mode=explore &      # samples, writes buffer.storage
     trivium run -c cfg.yaml --set mode=train          # reads it, trains, publishes weights
 
-The explore process samples step s with weights of version >= k * floor((s - 1) / k) (k = sync_interval),
-waiting for the train process to publish them (``synchronizer.method`` checkpoint or collective, through
+The explore process samples step s with weights of version >= k * floor((s - 1) / k) (k = sync_interval;
+the loop is ``launch/explore_steps.py``'s, shared with an overlapped run's explorer thread), waiting for the
+train process to publish them (``synchronizer.method`` checkpoint or collective, through
 ``WeightSync.pull``); with method ``memory`` it never waits and keeps its starting weights (pure data
 generation). Each explore step is written with the key ``explore:{s}``, so an explore process that re-runs
 a step after a crash stores nothing twice. The train process (``stages.storage_stage``) claims
@@ -21,7 +22,6 @@ step has exactly one record. The explore process evaluates.
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 
 import torch
@@ -30,11 +30,11 @@ from trivium.buffer.feed import StorageFeed
 from trivium.faults import maybe_die
 from trivium.files import atomic_path
 from trivium.launch import build
+from trivium.launch.explore_steps import Pacing, explore_steps
 from trivium.launch.loop import eval_due
 from trivium.launch.placement import start_explorer
 from trivium.launch.resume import load_state_file
 from trivium.sync.protocol import build_weight_sync
-from trivium.sync.versions import required_version
 
 log = logging.getLogger(__name__)
 
@@ -73,15 +73,10 @@ def explore_loop(stage, run_dir: Path, writer, state) -> None:
         writer.write(record)
     progress = Progress(f"{stage.name} (explore)", total, initial=done, enabled=cfg.monitor.progress_bar)
     try:
-        for step in range(done + 1, total + 1):
-            t0 = time.monotonic()
-            if sync is not None:
-                sync.pull(explorer.model, at_least=required_version(step, k, 0, start=state.version))
-            waited = time.monotonic() - t0
-            # written under the key explore:{step}: a re-run of this step after a crash adds nothing
-            record = explorer.explore_step(step)
+        # each step written under the key explore:{step}: a re-run of it after a crash adds nothing
+        pacing = Pacing(k, 0, state.version)
+        for step, record in explore_steps(explorer, sync, range(done + 1, total + 1), pacing):
             maybe_die("explore", step)
-            record["sync/wait_seconds"] = waited
             if eval_due(cfg, step, total):
                 record.update(explorer.evaluate())
             # the record before the state: a crash between them re-runs the step, whose record is dropped

@@ -4,7 +4,8 @@ The synchronous loop (``sync_offset: 0``) alternates explore → train → sync 
 the explorer runs in its own thread and the trainer (the loop's thread) consumes its batches in step order:
 
 - Explore step ``s`` starts once the rollout weights are at least ``required_version(s, k, o)`` (see
-  ``sync/versions.py``): the thread waits in ``MemorySync.pull``, which the trainer's ``publish`` wakes.
+  ``sync/versions.py``; the loop is ``launch/explore_steps.py``'s, shared with a decoupled run's explore
+  process): the thread waits in ``MemorySync.pull``, which the trainer's ``publish`` wakes.
   A large offset is fully asynchronous (the bounded queue then limits how far ahead the explorer gets).
 - The engine's lock keeps a weight update out of a running batch.
 - Evaluation runs on the explorer thread between its steps (the engine serves one batch at a time) with
@@ -19,8 +20,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from trivium.launch.explore_steps import Pacing, explore_steps
 from trivium.sync.protocol import SyncStopped
-from trivium.sync.versions import required_version
 
 log = logging.getLogger(__name__)
 
@@ -72,19 +73,19 @@ class ExplorerThread:
             )
 
     def _run(self) -> None:
-        for step in range(self.done + 1, self.total + 1):
-            try:
-                need = required_version(step, self.interval, self.offset, self.start_version)
-                self.sync.pull(self.explorer.model, at_least=need)
-                self._serve_evals()
-                metrics = self.explorer.explore_step(step)
+        pacing = Pacing(self.interval, self.offset, self.start_version)
+        running = self.done + 1  # the step an exception belongs to
+        try:
+            for step, metrics in explore_steps(
+                self.explorer, self.sync, range(self.done + 1, self.total + 1), pacing, self._serve_evals
+            ):
                 # the explorer's state right after this step: what a checkpoint of train step `step` records
                 self.results.put((step, (metrics, self.explorer.state_dict())))
-            except SyncStopped:
-                return
-            except BaseException as exc:  # the trainer thread re-raises it
-                self.results.put((step, exc))
-                return
+                running = step + 1
+        except SyncStopped:
+            return
+        except BaseException as exc:  # the trainer thread re-raises it
+            self.results.put((running, exc))
 
     def next_result(self, step: int) -> tuple[dict[str, float], dict]:
         """``(metrics, explorer state right after the step)`` of explore step ``step``."""
