@@ -86,10 +86,10 @@ def test_group_of_one_uses_mu_0_sigma_1():
 
 def test_a_batch_of_groups_of_one_is_reported_and_warned_about_once(caplog, monkeypatch):
     # single-choice serve calls: no group baseline, so GRPO is REINFORCE with A = R; not silent
-    import trivium.algorithm.advantages as advantages
+    import trivium.algorithm.advantage_parts as parts
 
-    monkeypatch.setattr(advantages, "_warned_single_groups", False)
-    with caplog.at_level("WARNING", logger="trivium.algorithm.advantages"):
+    monkeypatch.setattr(parts, "_warned_single_groups", False)
+    with caplog.at_level("WARNING", logger="trivium.algorithm.advantage_parts"):
         _, metrics = seq_advantages([1.0, 0.0, 0.5], group_ids=[4, 5, 6])
         seq_advantages([1.0, 0.0], group_ids=[7, 8])
     assert metrics["advantage/single_groups_fraction"] == 1.0

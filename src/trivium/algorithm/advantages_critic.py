@@ -15,13 +15,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from trivium.algorithm.advantages import AdvantageInputs, _require, _token_stats, _whiten
-from trivium.algorithm.advantages_returns import (
-    TOKEN_REWARDS_HINT,
-    _check_unit,
-    _discounted_reverse_cumsum,
-    _SequenceGrid,
-)
+from trivium.algorithm import advantage_parts as parts
+from trivium.algorithm.advantage_parts import AdvantageInputs
+from trivium.algorithm.advantages_returns import TOKEN_REWARDS_HINT
 from trivium.algorithm.registry import ADVANTAGE_FNS
 
 __all__ = ["gae", "gae_with_returns"]
@@ -44,23 +40,23 @@ def gae_with_returns(
     (V^old from the critic at sampling time) and ``inputs.token_rewards``.
     E.g. rw = [0, 0, 1], V = [0.5, 0.6, 0.8], γ = λ = 1 ⇒ Â = [0.5, 0.4, 0.2], Ret = [1, 1, 1].
     """
-    _check_unit("gae", gamma=gamma, lam=lam)
-    values = _require(inputs, "values", "gae", VALUES_HINT)
-    token_rewards = _require(inputs, "token_rewards", "gae", TOKEN_REWARDS_HINT)
-    grid = _SequenceGrid.build(inputs.mask, inputs.seq_index, inputs.rewards.numel(), "gae")
+    parts.check_unit("gae", gamma=gamma, lam=lam)
+    values = parts.require_input(inputs, "values", "gae", VALUES_HINT)
+    token_rewards = parts.require_input(inputs, "token_rewards", "gae", TOKEN_REWARDS_HINT)
+    grid = parts.SequenceGrid.build(inputs.mask, inputs.seq_index, inputs.rewards.numel(), "gae")
     v = grid.to_grid(values)
     next_v = torch.nn.functional.pad(v[:, 1:], (0, 1))  # the next valid token's value; 0 after the last
     deltas = grid.to_grid(token_rewards) + gamma * next_v - v
-    raw = grid.to_tokens(_discounted_reverse_cumsum(deltas, gamma * lam))
+    raw = grid.to_tokens(parts.discounted_reverse_cumsum(deltas, gamma * lam))
     returns = torch.where(inputs.mask, raw + values, 0.0)
-    raw_mean, raw_std = _token_stats(raw, inputs.mask)
+    raw_mean, raw_std = parts.token_stats(raw, inputs.mask)
     metrics = {
         "advantage/raw_mean": raw_mean,
         "advantage/raw_std": raw_std,
-        "advantage/return_mean": _token_stats(returns, inputs.mask)[0],
-        "advantage/value_mean": _token_stats(values, inputs.mask)[0],
+        "advantage/return_mean": parts.token_stats(returns, inputs.mask)[0],
+        "advantage/value_mean": parts.token_stats(values, inputs.mask)[0],
     }
-    advantages = _whiten(raw, inputs.mask) if whiten else raw
+    advantages = parts.whiten_on_mask(raw, inputs.mask) if whiten else raw
     return advantages, returns, metrics
 
 

@@ -20,8 +20,9 @@ import math
 import torch
 from torch import Tensor
 
-from trivium.algorithm.advantages import AdvantageInputs, _require, _token_stats, grpo
-from trivium.algorithm.advantages_returns import _check_unit, _discounted_reverse_cumsum, _SequenceGrid
+from trivium.algorithm import advantage_parts as parts
+from trivium.algorithm.advantage_parts import AdvantageInputs
+from trivium.algorithm.advantages import grpo
 from trivium.algorithm.registry import ADVANTAGE_FNS
 
 __all__ = ["jsd_distill", "on_policy_distill"]
@@ -46,20 +47,20 @@ def on_policy_distill(
     task reward: A = w · A_grpo + A_distill, with grpo's group-normalised advantage (needs group ids).
     ``distill_coef`` is λ_KL. Needs ``inputs.teacher_logprobs`` and ``inputs.old_logprobs``.
     """
-    _check_unit("on_policy_distill", gamma=gamma)
+    parts.check_unit("on_policy_distill", gamma=gamma)
     mask = inputs.mask
-    old = _require(inputs, "old_logprobs", "on_policy_distill", OLD_LOGPROBS_HINT)
-    teacher = _require(inputs, "teacher_logprobs", "on_policy_distill", TEACHER_HINT)
+    old = parts.require_input(inputs, "old_logprobs", "on_policy_distill", OLD_LOGPROBS_HINT)
+    teacher = parts.require_input(inputs, "teacher_logprobs", "on_policy_distill", TEACHER_HINT)
     advantages = torch.where(mask, distill_coef * (teacher - old), 0.0)
     if gamma > 0:
-        grid = _SequenceGrid.build(mask, inputs.seq_index, inputs.rewards.numel(), "on_policy_distill")
-        advantages = grid.to_tokens(_discounted_reverse_cumsum(grid.to_grid(advantages), gamma))
+        grid = parts.SequenceGrid.build(mask, inputs.seq_index, inputs.rewards.numel(), "on_policy_distill")
+        advantages = grid.to_tokens(parts.discounted_reverse_cumsum(grid.to_grid(advantages), gamma))
     metrics = _distill_metrics(old, teacher, mask)
     if task_weight:
         task, task_metrics = grpo(inputs)
         advantages = advantages + task_weight * task
         metrics.update({f"task_{k}": v for k, v in task_metrics.items()})
-    metrics["advantage/mean"], metrics["advantage/std"] = _token_stats(advantages, mask)
+    metrics["advantage/mean"], metrics["advantage/std"] = parts.token_stats(advantages, mask)
     return advantages, metrics
 
 
@@ -90,8 +91,8 @@ def jsd_distill(
             f"1 = reverse KL)"
         )
     mask = inputs.mask
-    old = _require(inputs, "old_logprobs", "jsd_distill", OLD_LOGPROBS_HINT)
-    teacher = _require(inputs, "teacher_logprobs", "jsd_distill", TEACHER_HINT)
+    old = parts.require_input(inputs, "old_logprobs", "jsd_distill", OLD_LOGPROBS_HINT)
+    teacher = parts.require_input(inputs, "teacher_logprobs", "jsd_distill", TEACHER_HINT)
     if beta == 1.0:
         per_token = teacher - old
     elif beta == 0.0:
@@ -101,13 +102,13 @@ def jsd_distill(
         per_token = -(1.0 - beta) * (old - log_m)
     advantages = torch.where(mask, distill_coef * per_token, 0.0)
     metrics = _distill_metrics(old, teacher, mask)
-    metrics["advantage/mean"], metrics["advantage/std"] = _token_stats(advantages, mask)
+    metrics["advantage/mean"], metrics["advantage/std"] = parts.token_stats(advantages, mask)
     return advantages, metrics
 
 
 def _distill_metrics(old: Tensor, teacher: Tensor, mask: Tensor) -> dict[str, float]:
     """ "distill/reverse_kl": token mean of ℓold − ℓT, the sampled estimate of KL(student ‖ teacher)."""
-    return {"distill/reverse_kl": _token_stats(old - teacher, mask)[0]}
+    return {"distill/reverse_kl": parts.token_stats(old - teacher, mask)[0]}
 
 
 # Inputs the trainer must compute before calling these (read by the trainer, see AlgorithmSpec).

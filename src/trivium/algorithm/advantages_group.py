@@ -25,18 +25,18 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from trivium.algorithm.advantages import (
+from trivium.algorithm.advantage_parts import (
     AdvantageInputs,
-    _all_equal_groups,
-    _as_float,
-    _dense_groups,
-    _group_mean_std,
-    _group_normalise,
-    _group_reduce,
-    _sequence_metrics,
-    _valid_seq_index,
-    _whiten,
+    all_equal_groups,
+    as_float,
     broadcast_to_tokens,
+    dense_groups,
+    group_mean_std,
+    group_normalise,
+    group_reduce,
+    sequence_metrics,
+    valid_seq_index,
+    whiten_on_mask,
 )
 from trivium.algorithm.registry import ADVANTAGE_FNS
 
@@ -51,8 +51,8 @@ def rloo(inputs: AdvantageInputs, *, whiten: bool = False) -> tuple[Tensor, dict
     advantages over the batch, (A − mean) / sqrt(var + 1e-8) with the unbiased var, counting each
     response once and skipping responses without action tokens (they train on nothing). Returns ``[R, L]``.
     """
-    rewards = _as_float(inputs.rewards)
-    group, counts = _dense_groups(inputs.group_ids, "rloo")
+    rewards = as_float(inputs.rewards)
+    group, counts = dense_groups(inputs.group_ids, "rloo")
     if (counts < 2).any():
         lonely = torch.unique(inputs.group_ids)[counts < 2].tolist()
         raise ValueError(
@@ -61,14 +61,14 @@ def rloo(inputs: AdvantageInputs, *, whiten: bool = False) -> tuple[Tensor, dict
             f"repeat_times >= 2, or use an advantage that works on single samples (reinforceplusplus, grpo)"
         )
     num_groups = counts.numel()
-    total = _group_reduce(rewards, group, num_groups, "sum")
+    total = group_reduce(rewards, group, num_groups, "sum")
     others = (total[group] - rewards) / (counts[group].to(rewards.dtype) - 1)
-    seq_adv = torch.where(_all_equal_groups(rewards, group, num_groups)[group], 0.0, rewards - others)
-    metrics = _sequence_metrics(seq_adv, group, counts)
+    seq_adv = torch.where(all_equal_groups(rewards, group, num_groups)[group], 0.0, rewards - others)
+    metrics = sequence_metrics(seq_adv, group, counts)
     if whiten:
-        seq = _valid_seq_index(inputs.mask, inputs.seq_index, rewards.numel(), "rloo")
+        seq = valid_seq_index(inputs.mask, inputs.seq_index, rewards.numel(), "rloo")
         has_tokens = torch.bincount(seq, minlength=rewards.numel()) > 0
-        seq_adv = _whiten(seq_adv, has_tokens)
+        seq_adv = whiten_on_mask(seq_adv, has_tokens)
     return broadcast_to_tokens(seq_adv, inputs.mask, inputs.seq_index), metrics
 
 
@@ -81,12 +81,12 @@ def asymre(inputs: AdvantageInputs, *, baseline_shift: float = -0.1) -> tuple[Te
     REINFORCE. An all-equal group therefore gets A = −δ_V, not 0: an SFT-like pull on every sample. A group
     of one uses V = 0 (A = R). No std normalisation. Returns ``[R, L]``.
     """
-    rewards = _as_float(inputs.rewards)
-    group, counts = _dense_groups(inputs.group_ids, "asymre")
-    mean = _group_reduce(rewards, group, counts.numel(), "sum") / counts.to(rewards.dtype)
+    rewards = as_float(inputs.rewards)
+    group, counts = dense_groups(inputs.group_ids, "asymre")
+    mean = group_reduce(rewards, group, counts.numel(), "sum") / counts.to(rewards.dtype)
     baseline = torch.where(counts == 1, 0.0, mean + baseline_shift)
     seq_adv = rewards - baseline[group]
-    metrics = _sequence_metrics(seq_adv, group, counts)
+    metrics = sequence_metrics(seq_adv, group, counts)
     metrics["advantage/baseline_mean"] = float(baseline.mean())
     return broadcast_to_tokens(seq_adv, inputs.mask, inputs.seq_index), metrics
 
@@ -101,11 +101,11 @@ def reinforceplusplus_baseline(inputs: AdvantageInputs) -> tuple[Tensor, dict[st
     of one gets Ã = R (no baseline, like REINFORCE++), an all-equal group exactly 0 before whitening.
     The KL term goes in the loss (§2.1b), not in the rewards. Returns ``[R, L]``.
     """
-    rewards = _as_float(inputs.rewards)
-    group, counts = _dense_groups(inputs.group_ids, "reinforceplusplus_baseline")
-    seq_adv = _group_normalise(rewards, group, counts, std_normalize=False, epsilon=0.0)
+    rewards = as_float(inputs.rewards)
+    group, counts = dense_groups(inputs.group_ids, "reinforceplusplus_baseline")
+    seq_adv = group_normalise(rewards, group, counts, std_normalize=False, epsilon=0.0)
     tokens = broadcast_to_tokens(seq_adv, inputs.mask, inputs.seq_index)
-    return _whiten(tokens, inputs.mask), _sequence_metrics(seq_adv, group, counts)
+    return whiten_on_mask(tokens, inputs.mask), sequence_metrics(seq_adv, group, counts)
 
 
 @ADVANTAGE_FNS.register("step_wise_grpo")
@@ -131,31 +131,29 @@ def step_wise_grpo(
             "step_wise_grpo needs inputs.run_ids and inputs.turns (Experience.run_index and .turn, filled "
             "by collate); build AdvantageInputs with AdvantageInputs.from_batch(batch)"
         )
-    rewards = _as_float(inputs.rewards)
-    group, _ = _dense_groups(inputs.group_ids, "step_wise_grpo")
+    rewards = as_float(inputs.rewards)
+    group, _ = dense_groups(inputs.group_ids, "step_wise_grpo")
     # Dense episode id of every sequence: one per distinct (group, run).
     pairs = torch.stack([group, inputs.run_ids.to(group.device)], dim=1)
     _, episode = torch.unique(pairs, dim=0, return_inverse=True)
     num_episodes = int(episode.max()) + 1 if episode.numel() else 0
     turns = inputs.turns.to(group.device)
-    first_turn = _group_reduce(turns.to(rewards.dtype), episode, num_episodes, "amin")
+    first_turn = group_reduce(turns.to(rewards.dtype), episode, num_episodes, "amin")
     is_first = turns.to(rewards.dtype) == first_turn[episode]
     # The first-turn sequence of each episode (the lowest index if a turn appears twice).
     index = torch.arange(rewards.numel(), device=rewards.device, dtype=rewards.dtype)
     candidate = torch.where(is_first, index, torch.full_like(index, float(rewards.numel())))
-    first_seq = _group_reduce(candidate, episode, num_episodes, "amin").long()
+    first_seq = group_reduce(candidate, episode, num_episodes, "amin").long()
     episode_return = rewards[first_seq]
     episode_group = group[first_seq]
     _, episode_group, episode_counts = torch.unique(episode_group, return_inverse=True, return_counts=True)
     seq_group = episode_group[episode]  # dense over groups that have episodes (all of them)
-    mean, std = _group_mean_std(episode_return, episode_group, episode_counts)
+    mean, std = group_mean_std(episode_return, episode_group, episode_counts)
     centred = rewards - mean[seq_group]
     seq_adv = centred / (std[seq_group] + epsilon) if std_normalize else centred
-    all_equal = _all_equal_groups(episode_return, episode_group, episode_counts.numel()) & (
-        episode_counts > 1
-    )
+    all_equal = all_equal_groups(episode_return, episode_group, episode_counts.numel()) & (episode_counts > 1)
     seq_adv = torch.where(all_equal[seq_group], 0.0, seq_adv)
-    metrics = _sequence_metrics(seq_adv, seq_group, episode_counts)
+    metrics = sequence_metrics(seq_adv, seq_group, episode_counts)
     metrics["advantage/episodes"] = float(num_episodes)
     metrics["advantage/turns_per_episode"] = rewards.numel() / max(num_episodes, 1)
     return broadcast_to_tokens(seq_adv, inputs.mask, inputs.seq_index), metrics

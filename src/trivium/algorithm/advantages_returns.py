@@ -1,6 +1,6 @@
-"""Returns-to-go of per-token rewards: REINFORCE++ (no critic), and the machinery GAE shares with it.
+"""Returns-to-go of per-token rewards: REINFORCE++ (no critic); GAE runs on the same grid.
 
-REINFORCE++ here and GAE (``advantages_critic``) run a backward recursion over the *valid* tokens of each
+REINFORCE++ here and GAE (``advantages_critic``) run a backward recursion (on ``advantage_parts.SequenceGrid``) over the *valid* tokens of each
 response: masked tokens inside a response (tool or environment output) are skipped, the running return
 passes over them unchanged, and discounting counts valid tokens only (γ^{s−t} with s − t the number of
 action tokens between them).
@@ -18,17 +18,16 @@ Left out: REINFORCE++'s k2 per-token penalty variant (pick estimator="k2" when b
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import torch
 from torch import Tensor
 
-from trivium.algorithm.advantages import (
+from trivium.algorithm.advantage_parts import (
     AdvantageInputs,
-    _require,
-    _token_stats,
-    _valid_seq_index,
-    _whiten,
+    SequenceGrid,
+    check_unit,
+    discounted_reverse_cumsum,
+    require_input,
+    token_stats,
+    whiten_on_mask,
 )
 from trivium.algorithm.registry import ADVANTAGE_FNS
 
@@ -49,76 +48,10 @@ def reinforceplusplus(inputs: AdvantageInputs, *, gamma: float = 1.0) -> tuple[T
     one response per prompt: the global statistics replace a group baseline. Needs
     ``inputs.token_rewards`` ``[R, L]`` (entries off the mask are ignored). Returns ``[R, L]``.
     """
-    _check_unit("reinforceplusplus", gamma=gamma)
-    token_rewards = _require(inputs, "token_rewards", "reinforceplusplus", TOKEN_REWARDS_HINT)
-    grid = _SequenceGrid.build(inputs.mask, inputs.seq_index, inputs.rewards.numel(), "reinforceplusplus")
-    returns = grid.to_tokens(_discounted_reverse_cumsum(grid.to_grid(token_rewards), gamma))
-    mean, std = _token_stats(returns, inputs.mask)
+    check_unit("reinforceplusplus", gamma=gamma)
+    token_rewards = require_input(inputs, "token_rewards", "reinforceplusplus", TOKEN_REWARDS_HINT)
+    grid = SequenceGrid.build(inputs.mask, inputs.seq_index, inputs.rewards.numel(), "reinforceplusplus")
+    returns = grid.to_tokens(discounted_reverse_cumsum(grid.to_grid(token_rewards), gamma))
+    mean, std = token_stats(returns, inputs.mask)
     metrics = {"advantage/return_mean": mean, "advantage/return_std": std}
-    return _whiten(returns, inputs.mask), metrics
-
-
-@dataclass(frozen=True)
-class _SequenceGrid:
-    """The tokens on ``mask`` regrouped by sequence: token k sits at grid ``[seq[k], rank[k]]``.
-
-    ``rank`` is the token's position among its sequence's valid tokens, which follows from the layout
-    rule "the tokens of one sequence are contiguous and in order within its row": in row-major order
-    the valid tokens of a sequence form one run, and rank = index in the run.
-    """
-
-    mask: Tensor  # [R, L] bool
-    seq: Tensor  # [K] sequence of each valid token (row-major order)
-    rank: Tensor  # [K] its index among its sequence's valid tokens
-    num_seqs: int
-    width: int  # max valid tokens of one sequence
-
-    @classmethod
-    def build(cls, mask: Tensor, seq_index: Tensor, num_seqs: int, who: str) -> _SequenceGrid:
-        seq = _valid_seq_index(mask, seq_index, num_seqs, who)
-        k = torch.arange(seq.numel(), device=seq.device)
-        first = torch.full((num_seqs,), seq.numel(), dtype=torch.long, device=seq.device)
-        first = first.scatter_reduce(0, seq, k, reduce="amin")
-        last = torch.full_like(first, -1).scatter_reduce(0, seq, k, reduce="amax")
-        counts = torch.bincount(seq, minlength=num_seqs)
-        split = (counts > 0) & (last - first + 1 != counts)
-        if split.any():
-            raise ValueError(
-                f"{who}: the action tokens of sequence(s) {split.nonzero().flatten()[:10].tolist()} are "
-                f"interleaved with another sequence's; seq_index must keep each sequence contiguous "
-                f"within one row (trivium.types.collate does)"
-            )
-        width = int(counts.max()) if seq.numel() else 0
-        return cls(mask, seq, k - first[seq], num_seqs, width)
-
-    def to_grid(self, values: Tensor) -> Tensor:
-        """``[R, L]`` -> ``[N, W]``: row i holds sequence i's valid-token values in order, then zeros."""
-        grid = torch.zeros(self.num_seqs, self.width, dtype=values.dtype, device=values.device)
-        grid[self.seq, self.rank] = values[self.mask]
-        return grid
-
-    def to_tokens(self, grid: Tensor) -> Tensor:
-        """``[N, W]`` -> ``[R, L]`` (0 off the mask)."""
-        out = torch.zeros(self.mask.shape, dtype=grid.dtype, device=grid.device)
-        out[self.mask] = grid[self.seq, self.rank]
-        return out
-
-
-def _discounted_reverse_cumsum(x: Tensor, decay: float) -> Tensor:
-    """y[:, k] = Σ_{j ≥ k} decay^{j−k} x[:, j] along the last dim of ``x [N, W]``."""
-    if decay == 1.0:
-        return x.flip(-1).cumsum(-1).flip(-1)
-    if decay == 0.0:
-        return x.clone()
-    out = torch.empty_like(x)
-    running = x.new_zeros(x.shape[0])
-    for k in range(x.shape[-1] - 1, -1, -1):  # over token positions; every sequence moves together
-        running = x[:, k] + decay * running
-        out[:, k] = running
-    return out
-
-
-def _check_unit(who: str, **params: float) -> None:
-    for name, value in params.items():
-        if not 0.0 <= value <= 1.0:
-            raise ValueError(f"{who} needs 0 <= {name} <= 1 (a discount factor), got {name}={value}")
+    return whiten_on_mask(returns, inputs.mask), metrics

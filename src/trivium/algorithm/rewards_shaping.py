@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from trivium.algorithm import kl as _kl  # noqa: F401  (registers the estimators in KL_FNS)
-from trivium.algorithm.advantages import _all_equal_groups, _as_float, _dense_groups, _valid_seq_index
+from trivium.algorithm.advantage_parts import all_equal_groups, as_float, dense_groups, valid_seq_index
 from trivium.algorithm.registry import KL_FNS
 
 __all__ = [
@@ -73,7 +73,7 @@ def kl_penalty_token_rewards(
                 f"kl_penalty_token_rewards: {name} must have the mask's [R, L] shape {tuple(mask.shape)}, "
                 f"got {tuple(value.shape)}"
             )
-    kl = torch.where(mask, KL_FNS.get(estimator)(_as_float(old_logprobs), _as_float(ref_logprobs)), 0.0)
+    kl = torch.where(mask, KL_FNS.get(estimator)(as_float(old_logprobs), as_float(ref_logprobs)), 0.0)
     token_rewards = outcome_token_rewards(rewards, mask, seq_index) - kl_coef * kl
     n = rewards.numel()
     seq = seq_index[mask]
@@ -95,12 +95,12 @@ def outcome_token_rewards(rewards: Tensor, mask: Tensor, seq_index: Tensor) -> T
     A sequence without action tokens has nowhere to put its reward; it trains on nothing anyway.
     """
     n = rewards.numel()
-    _valid_seq_index(mask, seq_index, n, "outcome_token_rewards")
+    valid_seq_index(mask, seq_index, n, "outcome_token_rewards")
     positions = torch.arange(mask.numel(), device=mask.device).view(mask.shape)
     last = torch.full((n,), -1, dtype=torch.long, device=mask.device).scatter_reduce(
         0, seq_index.clamp(min=0).flatten(), torch.where(mask, positions, -1).flatten(), reduce="amax"
     )  # flat position of each sequence's last action token: its tokens are in order within one row
-    rewards = _as_float(rewards)
+    rewards = as_float(rewards)
     out = torch.zeros(mask.numel(), dtype=rewards.dtype, device=rewards.device)
     has_tokens = last >= 0
     out[last[has_tokens]] = rewards[has_tokens]
@@ -202,7 +202,7 @@ def overlong_penalty(
             f"max_length={max_length}: cache_length is the stretch before max_length over which the "
             f"penalty ramps to -factor"
         )
-    lengths = _as_float(response_lengths)
+    lengths = as_float(response_lengths)
     soft_limit = max_length - cache_length
     ramp = (soft_limit - lengths) / cache_length
     penalty = torch.where(lengths <= soft_limit, 0.0, torch.where(lengths <= max_length, ramp, -1.0))
@@ -215,8 +215,8 @@ def zero_variance_groups(rewards: Tensor, group_ids: Tensor) -> Tensor:
     DAPO's dynamic sampling (docs/algorithms.md §6) keeps the others: an all-equal group has zero
     group-relative advantage and only dilutes the batch. A group of one is marked too (it has no spread).
     """
-    group, counts = _dense_groups(group_ids, "zero_variance_groups")
-    return _all_equal_groups(_as_float(rewards), group, counts.numel())[group]
+    group, counts = dense_groups(group_ids, "zero_variance_groups")
+    return all_equal_groups(as_float(rewards), group, counts.numel())[group]
 
 
 def _check_coef(value: float) -> None:
