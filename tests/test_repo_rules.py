@@ -63,6 +63,34 @@ def test_orchestration_never_dispatches_on_attributes(folder):
     assert not hits, hits
 
 
+def private_imports(root: Path) -> list[str]:
+    """``from trivium.x import _name`` anywhere under ``root`` (at any indentation): a helper that another
+    module needs is public in a module both can import (e.g. ``algorithm/advantage_parts.py``)."""
+    import ast
+
+    hits = []
+    for p in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("trivium"):
+                hits += [
+                    f"{p.relative_to(root)}:{node.lineno} {a.name}"
+                    for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")
+                ]
+    return hits
+
+
+def test_no_module_imports_another_modules_private_names(tmp_path):
+    assert not private_imports(SRC)
+    (tmp_path / "bad.py").write_text(
+        "def f():\n    from trivium.x import (\n        y,\n        _z,\n    )\n"
+    )
+    (tmp_path / "fine.py").write_text(
+        "from trivium.rewards import code as _code\nfrom trivium import __version__\n"
+    )
+    assert private_imports(tmp_path) == ["bad.py:2 _z"]
+
+
 def ray_imports_outside_launch(root: Path) -> list[str]:
     """Files under ``root`` outside ``launch/`` that import Ray (at any indentation: lazy imports count)."""
     pattern = re.compile(r"^\s*(import ray\b|from ray(\.| )|import ray\.)", re.M)

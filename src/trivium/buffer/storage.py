@@ -170,7 +170,7 @@ def experience_to_record(experience: Experience) -> Record:
             # clone: safetensors refuses views that share storage, and a device tensor must come to CPU
             tensors[f.name] = value.detach().to("cpu").contiguous().clone()
         else:
-            fields[f.name] = _json_safe(value, f"Experience.{f.name}", experience.task_id)
+            fields[f.name] = json_safe(value, f"Experience.{f.name}", experience.task_id)
     return {"format": RECORD_FORMAT, "fields": fields, "tensors": save_tensors(tensors)}
 
 
@@ -197,12 +197,12 @@ def record_to_experience(record: Mapping[str, Any], where: str = "") -> Experien
     return Experience(**values)
 
 
-def _json_safe(value: Any, path: str, task_id: str) -> Any:
+def json_safe(value: Any, path: str, task_id: str) -> Any:
     """Check that ``value`` survives JSON; tuples are turned into lists. Errors name the offending key."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value  # NaN and inf included: Python's json writes and reads them
     if isinstance(value, (list, tuple)):
-        return [_json_safe(v, f"{path}[{i}]", task_id) for i, v in enumerate(value)]
+        return [json_safe(v, f"{path}[{i}]", task_id) for i, v in enumerate(value)]
     if isinstance(value, Mapping):
         out = {}
         for k, v in value.items():
@@ -211,7 +211,7 @@ def _json_safe(value: Any, path: str, task_id: str) -> Any:
                     f"{path} has the key {k!r} of type {type(k).__name__} (task {task_id!r}); experience "
                     "storages keep mappings as JSON, whose keys are strings: use str keys"
                 )
-            out[k] = _json_safe(v, f"{path}[{k!r}]", task_id)
+            out[k] = json_safe(v, f"{path}[{k!r}]", task_id)
         return out
     raise StorageError(
         f"{path} holds a {type(value).__name__} (task {task_id!r}); experience storages keep it as JSON, "

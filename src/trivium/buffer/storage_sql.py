@@ -64,7 +64,7 @@ from trivium.buffer.storage import (
     Status,
     StorageError,
     UnknownExperience,
-    _json_safe,
+    json_safe,
     record_to_experience,
 )
 from trivium.types import Experience
@@ -164,7 +164,7 @@ class SqlStorage:
         reward = float(reward)
         if not math.isfinite(reward):
             raise ValueError(f"attach_reward({task_id!r}, reward={reward}): a reward must be a finite number")
-        feedback = _json_safe(dict(info), "feedback info", task_id) if info else None
+        feedback = json_safe(dict(info), "feedback info", task_id) if info else None
         rows = self._rows
 
         def attach(conn: sa.Connection) -> list[int]:

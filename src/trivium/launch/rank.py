@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     from trivium.config.schema import TriviumConfig
-    from trivium.launch.ranks import CommandChannel, _backend, leave_process_group, rank_device
+    from trivium.launch.ranks import CommandChannel, leave_process_group, process_group_backend, rank_device
     from trivium.validation.load import load_plugins
 
     cfg = TriviumConfig.model_validate_json(Path(args.config).read_text())
@@ -49,7 +49,11 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.set_device(device)
     timeout = datetime.timedelta(seconds=cfg.synchronizer.wait_timeout_s)
     dist.init_process_group(
-        _backend(device), init_method=args.init, rank=args.rank, world_size=args.world_size, timeout=timeout
+        process_group_backend(device),
+        init_method=args.init,
+        rank=args.rank,
+        world_size=args.world_size,
+        timeout=timeout,
     )
     channel = CommandChannel()
     parent = os.getppid()

@@ -71,7 +71,7 @@ def rank_device(cfg, rank: int) -> torch.device:
     return torch.device("cuda", rank) if device.type == "cuda" else device
 
 
-def _backend(device: torch.device) -> str:
+def process_group_backend(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
@@ -117,7 +117,7 @@ class RankGroup:
         timeout = datetime.timedelta(seconds=cfg.synchronizer.wait_timeout_s)
         try:
             dist.init_process_group(
-                _backend(device), init_method=init, rank=0, world_size=world, timeout=timeout
+                process_group_backend(device), init_method=init, rank=0, world_size=world, timeout=timeout
             )
             channel = CommandChannel()
         except Exception as error:
