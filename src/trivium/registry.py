@@ -45,6 +45,7 @@ __all__ = [
     "import_object",
     "import_plugin",
     "is_import_path",
+    "part_args",
 ]
 
 T = TypeVar("T")
@@ -221,6 +222,21 @@ def instance_of(kind: type) -> Callable[[Any], str | None]:
     return check
 
 
+def part_args(part: Callable[..., Any], skip: int) -> list[str] | None:
+    """The config args ``part`` takes: its named parameters after the first ``skip`` (the seam's inputs),
+    plus, when it collects more in ``**kwargs``, the names its ``more_args`` attribute lists (the judges
+    take their shared settings that way, ``rewards/judge.py``). None: ``**kwargs`` with no list, any key.
+    """
+    params = list(inspect.signature(part).parameters.values())[skip:]
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        more = getattr(part, "more_args", None)
+        if more is None:
+            return None
+        names += list(more)
+    return sorted(names)
+
+
 class Registry(Generic[T]):
     """Parts of one seam (e.g. ``"policy loss"``), looked up by name or ``module:attr``.
 
@@ -352,14 +368,12 @@ class Registry(Generic[T]):
         with Python's "unexpected keyword argument" deep inside a step.
         """
         part = self.get(name)
-        params = list(inspect.signature(part).parameters.values())[self.inputs :]
-        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-            valid = sorted(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
-            unknown = sorted(set(args) - set(valid))
-            if unknown:
-                raise TypeError(
-                    f"{self.seam} {name!r} got unknown args {unknown}; valid args: {', '.join(valid) or 'none'}"
-                )
+        valid = part_args(part, self.inputs)
+        unknown = [] if valid is None else sorted(set(args) - set(valid))
+        if unknown:
+            raise TypeError(
+                f"{self.seam} {name!r} got unknown args {unknown}; valid args: {', '.join(valid) or 'none'}"
+            )
         check = getattr(part, "check_args", None)
         if callable(check):
             check(args)

@@ -21,6 +21,7 @@ class Judge:
     def __init__(self, delay: float = 0.05, strict: bool = False):
         self.strict = strict  # rubric: "yes" only for an answer that is exactly the criterion
         self.calls, self.in_flight, self.peak = [], 0, 0
+        self.max_tokens: list[int | None] = []  # what each call asked for
         self.lock = threading.Lock()
         app = FastAPI()
 
@@ -36,6 +37,7 @@ class Judge:
             with self.lock:
                 self.in_flight -= 1
                 self.calls.append(prompt)
+                self.max_tokens.append(body.get("max_tokens"))
             message = {"role": "assistant", "content": self.reply(prompt)}
             return {
                 "id": "x", "object": "chat.completion", "created": 0, "model": body["model"],

@@ -23,6 +23,7 @@ def key_and_fresh_cache(judge, monkeypatch):
     monkeypatch.setenv("JUDGE_KEY_FOR_TEST", KEY)
     clear_cache()
     judge.calls.clear()
+    judge.max_tokens.clear()
     judge.peak = 0
 
 
@@ -85,6 +86,9 @@ def test_parsers_and_args():
         check_reward_args("llm_judge", {"url": "localhost:8000"})
     with pytest.raises(ValueError, match="max_concurrency"):
         check_reward_args("rubric", {"url": "http://x/v1", "max_concurrency": 0})
+    # the judge settings are collected in **judge, and a typo is still named with every valid key
+    with pytest.raises(TypeError, match=r"\['urll'\]; valid args: .*api_key_env.*prompt.*scale.*url"):
+        check_reward_args("llm_judge", {"urll": "http://x/v1"})
 
 
 def test_judge_plumbing_on_trivium_s_own_endpoint_every_answer_scored_in_range(tiny_model_dir):
@@ -164,6 +168,17 @@ def test_ruler_scores_a_whole_group_in_one_call_and_counts_what_it_could_not(jud
 
     added, _ = ExperiencePipeline([("ruler", args(judge, weight=2.0, add=True))])(groups[:1])
     assert [e.reward for e in added[0]] == [2.25, 1.25, 0.25]
+
+
+def test_the_ruler_judge_keeps_its_own_reply_length_under_the_policy_s(judge):
+    """The pipeline gives operators that take max_tokens the policy's response limit (overlong penalty);
+    the ruler's max_tokens was the judge's reply length and got that limit too (a 24-token ranking reply
+    for a 24-token policy). Its judge settings now keep their own default, and an explicit one wins."""
+    from trivium.buffer.operators import ExperiencePipeline
+
+    ExperiencePipeline([("ruler", args(judge))], max_tokens=24)([group_of("good", "a rock")])
+    ExperiencePipeline([("ruler", args(judge, max_tokens=64))], max_tokens=24)([group_of("ok", "no")])
+    assert judge.max_tokens == [256, 64]
 
 
 def test_ruler_keeps_rewards_when_the_judge_fails_and_checks_its_args(judge, monkeypatch):

@@ -37,7 +37,8 @@ import os
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -47,12 +48,12 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "CACHE_SIZE",
+    "JUDGE_ARGS",
     "JUDGE_PROMPT",
     "RUBRIC_PROMPT",
+    "JudgeSettings",
     "check_judge_args",
     "clear_cache",
-    "judge_settings",
-    "judged",
     "local_judge_url",
     "parse_score",
     "parse_yes_no",
@@ -114,36 +115,82 @@ def _client(url: str, api_key_env: str, timeout_s: float):
     return _clients[key]
 
 
-def _ask(prompt: str, a: Mapping[str, Any]) -> str:
-    """The judge's reply to ``prompt`` (one call, at most ``max_concurrency`` in flight per URL)."""
-    limit = _limits.setdefault(a["url"], threading.BoundedSemaphore(a["max_concurrency"]))
-    with limit:
-        reply = _client(a["url"], a["api_key_env"], a["timeout_s"]).chat.completions.create(
-            model=a["model"],
-            messages=[{"role": "user", "content": prompt}],
-            temperature=a["temperature"],
-            max_tokens=a["max_tokens"],
-        )
-    return reply.choices[0].message.content or ""
+@dataclass(frozen=True)
+class JudgeSettings:
+    """Where a judge model is and how to call it: the settings ``llm_judge``, ``rubric`` and ``ruler``
+    share. Their config args are these plus their own (prompt, scale, ...); ``JudgeSettings.from_args``
+    takes a judge's ``**judge`` keyword arguments, with that judge's defaults."""
+
+    url: str = ""  # the judge's OpenAI-compatible base URL, e.g. http://host:8000/v1
+    model_path: str = ""  # instead of url: a model folder (or HF id) served in this process
+    device: str = "cpu"  # the in-process judge's device and dtype
+    dtype: str = "float32"
+    model: str = "judge"  # the model name sent with each call
+    api_key_env: str = ""  # the environment variable holding the API key ("": no key sent)
+    retries: int = 2  # how often an unparsable reply is asked again
+    timeout_s: float = 60.0
+    max_concurrency: int = 8  # calls in flight to one URL, across the run
+    temperature: float = 0.0
+    max_tokens: int = 16  # the judge's reply length (not the policy's: the judge's own default)
+
+    @classmethod
+    def from_args(cls, args: Mapping[str, Any], **defaults: Any) -> JudgeSettings:
+        """Settings from a judge's keyword arguments over ``defaults`` (a judge's own, e.g. max_tokens)."""
+        unknown = sorted(set(args) - set(JUDGE_ARGS))
+        if unknown:
+            raise TypeError(f"unknown judge setting(s) {unknown}; valid: {', '.join(JUDGE_ARGS)}")
+        merged = {**defaults, **args}
+        for name, kind in (("timeout_s", float), ("temperature", float)):
+            if name in merged:
+                merged[name] = kind(merged[name])
+        return cls(**merged)
+
+    def base_url(self) -> str:
+        """The URL calls go to: ``url``, or the in-process judge's (started on first use)."""
+        if self.model_path:
+            return local_judge_url(self.model_path, self.model, self.device, self.dtype)
+        return self.url
+
+    def ask(self, prompt: str) -> str:
+        """The judge's reply to ``prompt`` (one call, at most ``max_concurrency`` in flight per URL)."""
+        url = self.base_url()
+        limit = _limits.setdefault(url, threading.BoundedSemaphore(self.max_concurrency))
+        with limit:
+            reply = _client(url, self.api_key_env, self.timeout_s).chat.completions.create(
+                model=self.model,
+                messages=[{"role": "user", "content": prompt}],
+                temperature=self.temperature,
+                max_tokens=self.max_tokens,
+            )
+        return reply.choices[0].message.content or ""
+
+    def verdict(self, prompt: str, parse: Callable[[str], Any], kind: str) -> tuple[Any, int]:
+        """The parsed verdict (None: unparsable after the retries) and how many retries it took. Only
+        parsed verdicts are cached, keyed by (url, model, how the reply is read, prompt)."""
+        key = (self.base_url(), self.model, kind, prompt)
+        with _cache_lock:
+            if key in _cache:
+                _cache.move_to_end(key)
+                return _cache[key], 0
+        for attempt in range(self.retries + 1):
+            value = parse(self.ask(prompt))
+            if value is not None:
+                with _cache_lock:
+                    _cache[key] = value
+                    while len(_cache) > CACHE_SIZE:
+                        _cache.popitem(last=False)
+                return value, attempt
+        return None, self.retries
 
 
-def judged(prompt: str, a: Mapping[str, Any], parse, kind: str) -> tuple[Any, int]:
-    """The parsed verdict (None: unparsable after the retries) and how many retries it took. Only parsed
-    verdicts are cached, keyed by (url, model, how the reply is read, prompt)."""
-    key = (a["url"], a["model"], kind, prompt)
-    with _cache_lock:
-        if key in _cache:
-            _cache.move_to_end(key)
-            return _cache[key], 0
-    for attempt in range(a["retries"] + 1):
-        value = parse(_ask(prompt, a))
-        if value is not None:
-            with _cache_lock:
-                _cache[key] = value
-                while len(_cache) > CACHE_SIZE:
-                    _cache.popitem(last=False)
-            return value, attempt
-    return None, a["retries"]
+JUDGE_ARGS = tuple(f.name for f in fields(JudgeSettings))
+
+
+def takes_judge_settings(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Marks a judge whose ``**judge`` collects the ``JudgeSettings`` args: the registries' check of
+    unknown config keys (``registry.part_args``) then knows them."""
+    fn.more_args = JUDGE_ARGS  # type: ignore[attr-defined]
+    return fn
 
 
 _local: dict[tuple[str, str, str], Any] = {}
@@ -170,26 +217,6 @@ def local_judge_url(
                 "judge %s (%s, %s) served in this process at %s", model_path, device, dtype, server.base_url
             )
         return server.base_url
-
-
-def judge_settings(args: Mapping[str, Any]) -> dict[str, Any]:
-    """The call settings every judge shares, with their defaults; ``model_path`` starts the in-process judge."""
-    url = args.get("url") or ""
-    if args.get("model_path"):
-        model = args.get("model", "judge")
-        url = local_judge_url(
-            args["model_path"], model, args.get("device", "cpu"), args.get("dtype", "float32")
-        )
-    return {
-        "url": url,
-        "model": args.get("model", "judge"),
-        "api_key_env": args.get("api_key_env", ""),
-        "timeout_s": float(args.get("timeout_s", 60.0)),
-        "max_concurrency": int(args.get("max_concurrency", 8)),
-        "retries": int(args.get("retries", 2)),
-        "temperature": float(args.get("temperature", 0.0)),
-        "max_tokens": int(args.get("max_tokens", 16)),
-    }
 
 
 def check_judge_args(args: Mapping[str, Any], where: str = "reward_args") -> None:
@@ -226,26 +253,15 @@ def _fields(response: str, data: Mapping[str, Any]) -> dict[str, str]:
 
 
 @register_reward("llm_judge", check_args=check_judge_args)
+@takes_judge_settings
 def llm_judge_reward(
-    response: str,
-    data: Mapping[str, Any],
-    url: str = "",
-    model_path: str = "",
-    device: str = "cpu",
-    dtype: str = "float32",
-    model: str = "judge",
-    api_key_env: str = "",
-    prompt: str = JUDGE_PROMPT,
-    scale: float = 1.0,
-    retries: int = 2,
-    timeout_s: float = 60.0,
-    max_concurrency: int = 8,
-    temperature: float = 0.0,
-    max_tokens: int = 16,
+    response: str, data: Mapping[str, Any], prompt: str = JUDGE_PROMPT, scale: float = 1.0, **judge: Any
 ) -> RewardResult:
-    a = judge_settings(locals())
+    """A 0..1 score: the judge's reply to ``prompt`` (its last number) divided by ``scale``; ``judge``:
+    the ``JudgeSettings`` (url or model_path, model, ...)."""
+    settings = JudgeSettings.from_args(judge, max_tokens=16)
     text = prompt.format(**_fields(response, data))
-    score, tries = judged(text, a, lambda r: parse_score(r, scale), f"score/{scale}")
+    score, tries = settings.verdict(text, lambda r: parse_score(r, scale), f"score/{scale}")
     metrics = {"count/judge_unparsable": float(score is None), "count/judge_retries": float(tries)}
     return RewardResult(score or 0.0, {"judge_score": score or 0.0, **metrics})
 
@@ -266,28 +282,21 @@ def _items(data: Mapping[str, Any], rubric: Sequence[Any] | None) -> list[tuple[
 
 
 @register_reward("rubric", check_args=check_judge_args, task_fields=("rubric",))
+@takes_judge_settings
 def rubric_reward(
     response: str,
     data: Mapping[str, Any],
-    url: str = "",
     rubric: Sequence[Any] | None = None,
-    model_path: str = "",
-    device: str = "cpu",
-    dtype: str = "float32",
-    model: str = "judge",
-    api_key_env: str = "",
     prompt: str = RUBRIC_PROMPT,
-    retries: int = 2,
-    timeout_s: float = 60.0,
-    max_concurrency: int = 8,
-    temperature: float = 0.0,
-    max_tokens: int = 4,
+    **judge: Any,
 ) -> RewardResult:
-    a = judge_settings(locals())
+    """The weight of the rubric items the judge says yes to, over the total weight (the module's docstring);
+    ``judge``: the ``JudgeSettings``."""
+    settings = JudgeSettings.from_args(judge, max_tokens=4)
     items, fields = _items(data, rubric), _fields(response, data)
     got = unparsable = tries = 0.0
     for criterion, weight in items:
-        verdict, n = judged(prompt.format(**fields, criterion=criterion), a, parse_yes_no, "yes_no")
+        verdict, n = settings.verdict(prompt.format(**fields, criterion=criterion), parse_yes_no, "yes_no")
         got += weight * (verdict or 0.0)
         unparsable += verdict is None
         tries += n

@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from trivium.rewards.judge import check_judge_args, judge_settings, judged
+from trivium.rewards.judge import JudgeSettings, check_judge_args, takes_judge_settings
 from trivium.types import Experience
 
 __all__ = ["RULER_PROMPT", "parse_ranking", "ruler"]
@@ -99,32 +99,24 @@ def _check(args: Mapping[str, Any]) -> None:
         raise ValueError(f"the ruler operator's args.scale must be a positive number, got {args['scale']!r}")
 
 
+@takes_judge_settings
 def ruler(
     groups: Groups,
-    url: str = "",
-    model_path: str = "",
-    device: str = "cpu",
-    dtype: str = "float32",
-    model: str = "judge",
-    api_key_env: str = "",
     prompt: str = RULER_PROMPT,
     scale: float = 1.0,
     weight: float = 1.0,
     add: bool = False,
-    retries: int = 2,
-    timeout_s: float = 60.0,
-    max_concurrency: int = 8,
-    temperature: float = 0.0,
-    max_tokens: int = 256,
+    **judge: Any,
 ) -> tuple[Groups, dict[str, float]]:
-    """Each group's rewards from one judge call ranking its answers (the module's docstring). Its args are
-    checked once, by the pipeline that runs it (``_check``)."""
-    a = judge_settings(locals())
+    """Each group's rewards from one judge call ranking its answers (the module's docstring); ``judge``:
+    the ``JudgeSettings`` (a ranking reply is long: max_tokens 256 unless set). Its args are checked once,
+    by the pipeline that runs it (``_check``)."""
+    settings = JudgeSettings.from_args(judge, max_tokens=256)
 
     def judge(group: list[Experience]) -> tuple[str, list[float] | None]:
         try:
-            scores, _ = judged(
-                _prompt(group, prompt), a, lambda r: parse_ranking(r, len(group), scale), "rank"
+            scores, _ = settings.verdict(
+                _prompt(group, prompt), lambda r: parse_ranking(r, len(group), scale), "rank"
             )
         except Exception as exc:  # an HTTP error or timeout after the client's retries
             log.warning(
@@ -134,7 +126,7 @@ def ruler(
         return ("judged" if scores is not None else "unparsable"), scores
 
     ranked = [g for g in groups if len(g) > 1]  # a group of one has nothing to be ranked against
-    with ThreadPoolExecutor(max_workers=max(1, min(max_concurrency, len(ranked)))) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, min(settings.max_concurrency, len(ranked)))) as pool:
         verdicts = dict(zip(map(id, ranked), pool.map(judge, ranked), strict=True))
     counts = dict.fromkeys(("judged_groups", "unparsable_groups", "failed_groups"), 0.0)
     out: Groups = []

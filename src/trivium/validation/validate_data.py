@@ -3,12 +3,12 @@ sets of ``buffer.tasksets``. Pure: problems are returned."""
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 
 from trivium.config.errors import Problem
 from trivium.config.schema import TriviumConfig
 from trivium.config.schema_data import looks_like_hub_id
+from trivium.registry import part_args
 
 __all__ = ["check_data_pipeline", "extra_tasksets", "is_hub_path"]
 
@@ -98,11 +98,8 @@ def check_data_pipeline(cfg: TriviumConfig, at) -> list[Problem]:
 
 def _unknown_args(field: str, fn, args: dict, skip: int) -> list[Problem]:
     """Keys of ``args`` that ``fn`` (after its first ``skip`` parameters) does not take."""
-    params = list(inspect.signature(fn).parameters.values())[skip:]
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return []
-    valid = sorted(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
-    unknown = sorted(set(args) - set(valid))
+    valid = part_args(fn, skip)
+    unknown = [] if valid is None else sorted(set(args) - set(valid))
     if not unknown:
         return []
     return [Problem(field, args, f"unknown argument(s) {unknown}", f"valid: {', '.join(valid) or 'none'}")]
