@@ -264,30 +264,47 @@ def sample_strategy(cfg: TriviumConfig, tokenizer):
 def storage(cfg: TriviumConfig, run_dir: Path):
     """The persistent experience storage of ``buffer.storage``: SQL (SQLite in the run folder by default, or
     a SQLAlchemy URL) or one JSONL file (``backend: jsonl``)."""
-    s = cfg.buffer.storage
-    if s.backend == "jsonl":
-        from trivium.buffer.storage_jsonl import JsonlStorage
+    return _STORAGES[cfg.buffer.storage.backend](cfg.buffer.storage, run_dir)
 
-        return JsonlStorage(s.url or run_dir / "buffer.jsonl")
+
+def _jsonl_storage(s, run_dir: Path):
+    from trivium.buffer.storage_jsonl import JsonlStorage
+
+    return JsonlStorage(s.url or run_dir / "buffer.jsonl")
+
+
+def _sql_storage(s, run_dir: Path):
     from trivium.buffer.storage_sql import SqlStorage
 
     return SqlStorage(s.url or run_dir / "buffer.sqlite", table=s.table)
 
 
+_STORAGES = {"jsonl": _jsonl_storage, "sql": _sql_storage}  # buffer.storage.backend's choices
+
+
 def read_policy(cfg: TriviumConfig):
     """How the trainer reads ``buffer.storage``: every experience once (fifo) or by priority (replay)."""
-    from trivium.buffer.replay import FIFO, ReplayPolicy
+    return _READ_POLICIES[cfg.buffer.storage.policy](cfg.buffer.storage.replay)
 
-    s = cfg.buffer.storage
-    if s.policy == "fifo":
-        return FIFO
-    r = s.replay
+
+def _fifo(replay):
+    from trivium.buffer.replay import FIFO
+
+    return FIFO
+
+
+def _replay(r):
+    from trivium.buffer.replay import ReplayPolicy
+
     return ReplayPolicy(
         version_weight=r.version_weight,
         use_weight=r.use_weight,
         cooldown_steps=r.cooldown_steps,
         max_uses=r.max_uses,
     )
+
+
+_READ_POLICIES = {"fifo": _fifo, "replay": _replay}  # buffer.storage.policy's choices
 
 
 def feed(cfg: TriviumConfig, run_dir: Path, per_step: int):

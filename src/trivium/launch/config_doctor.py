@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trivium.launch.memory_estimate import DTYPE_BYTES, Estimate, ModelShape, Shapes, estimate, mib
-from trivium.trainer.parallel import micro_cap, micro_rows
+from trivium.launch.placement import PLACEMENTS
+from trivium.trainer.parallel import STRATEGIES, micro_cap, micro_rows
 
 
 @dataclass
@@ -222,10 +223,12 @@ def stage_facts(stage, index: int, count: int) -> StageFacts:
         trainable=trainable,
         frozen_copies=frozen,
         critic=preset.needs_critic,
-        rollout_engine=in_flight > 0 and r.engine_type == "transformers" and cfg.cluster.backend == "local",
+        rollout_engine=in_flight > 0
+        and r.engine_type == "transformers"
+        and PLACEMENTS.get(cfg.cluster.backend).engines_in_driver,
         overlap=s.sync_offset > 0,
     )
-    shards = t.world_size if t.strategy == "fsdp2" else 1
+    shards = t.world_size if STRATEGIES.get(t.strategy).shards_parameters else 1
     precision = trainer_precision(cfg) if trains else None
     autocast = precision is not None and precision.name in ("bf16", "fp16")
     est = estimate(shape, shapes, cfg.model.dtype, r.dtype or cfg.model.dtype, shards, autocast)

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from trivium.launch import build
 from trivium.registry import Registry
+from trivium.trainer.parallel import STRATEGIES
 
 __all__ = ["PLACEMENTS", "ExplorerHandle", "LocalPlacement", "Placement", "placement_of", "start_explorer"]
 
@@ -39,6 +40,8 @@ class ExplorerHandle(Protocol):
 
 
 class Placement(Protocol):
+    engines_in_driver: bool  # whether the rollout engines share the driver's process (its memory)
+
     def open(self, run_cfg, config_dir: Path) -> None:
         """Before the first stage: connect to what runs the roles, and check that every stage fits."""
 
@@ -88,6 +91,8 @@ def start_explorer(cfg, state, taskset=None, queue=None, failure_log: Path | Non
 class LocalPlacement:
     """Every role in this process; ``trainer.world_size`` > 1 adds rank processes on this machine."""
 
+    engines_in_driver = True
+
     def open(self, run_cfg, config_dir: Path) -> None:
         pass
 
@@ -104,7 +109,7 @@ class LocalPlacement:
         starts from a plain (unsharded) model: its last checkpoint."""
         cfg = stage.config
         pad = state.tokenizer.pad_token_id
-        if cfg.trainer.strategy == "single":
+        if not STRATEGIES.get(cfg.trainer.strategy).multi_rank:
             yield build.make_trainer(cfg, state.model, pad, total)
             return
         from trivium.launch.ranks import LeaderTrainer, RankGroup
@@ -119,7 +124,7 @@ class LocalPlacement:
         state.model, _ = build.load_policy(str(final), cfg)
 
     def holds_whole_model(self, cfg) -> bool:
-        return cfg.trainer.strategy != "fsdp2"  # single, and ddp's rank 0
+        return not STRATEGIES.get(cfg.trainer.strategy).shards_parameters  # single, and ddp's rank 0
 
     def end_stage(self, cfg, following) -> None:
         pass

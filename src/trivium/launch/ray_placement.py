@@ -18,6 +18,8 @@ __all__ = ["RayPlacement"]
 
 @PLACEMENTS.register("ray")
 class RayPlacement:
+    engines_in_driver = False  # each engine is an actor (or lives in the explorer actor)
+
     def open(self, run_cfg, config_dir: Path) -> None:
         cluster = RayCluster.connect(run_cfg.config, config_dir)
         for stage in run_cfg.stages:  # every stage's requests, before any actor starts

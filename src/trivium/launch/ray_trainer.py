@@ -25,6 +25,7 @@ import torch
 from trivium.launch.ranks import RankFailed
 from trivium.launch.ray_cluster import RayCluster, Request, placement_info
 from trivium.launch.trainer_handle import COLLECTIVE, FanOutTrainer
+from trivium.trainer.parallel import STRATEGIES, make_parallel
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ class TrainerRankActor:
     def join(self, address: str, port: int) -> None:
         import torch.distributed as dist
 
-        if self.world == 1 and self.cfg.trainer.strategy == "single":
+        if self.world == 1 and not STRATEGIES.get(self.cfg.trainer.strategy).multi_rank:
             return
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         timeout = datetime.timedelta(seconds=self.cfg.synchronizer.wait_timeout_s)
@@ -82,7 +83,6 @@ class TrainerRankActor:
 
         from trivium.launch import build
         from trivium.models.loading import resolve_dtype
-        from trivium.trainer.parallel import make_parallel
 
         with torch.device(self.device):
             model = AutoModelForCausalLM.from_config(

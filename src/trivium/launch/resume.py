@@ -87,7 +87,9 @@ def check_strategy(point: ResumePoint, strategy: str, world_size: int) -> None:
     """Refuse, before anything loads, a resume across one process and several ranks: the optimizer state of a
     ``single`` checkpoint is one file, that of ``ddp``/``fsdp2`` torch.distributed.checkpoint shards, and only
     the latter reshard to another world size."""
-    if (point.strategy == "single") == (strategy == "single"):
+    from trivium.trainer.parallel import STRATEGIES
+
+    if STRATEGIES.get(point.strategy).sharded == STRATEGIES.get(strategy).sharded:
         return
     raise ResumeRefused(
         f"{point.path} was written by trainer.strategy {point.strategy} on {point.world_size} rank(s), and this "

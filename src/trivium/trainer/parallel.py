@@ -45,6 +45,9 @@ class Parallel:
 
     name = "single"
     sharded = False  # optimizer state saved with torch.distributed.checkpoint (every rank its part)
+    # What the placements and the doctor ask of a strategy (never its name):
+    multi_rank = False  # runs as ranks in a process group (each its own process), even with world_size 1
+    shards_parameters = False  # each rank holds 1/world_size of the parameters (no process holds them all)
 
     def __init__(self, device: torch.device, rank: int = 0, world_size: int = 1):
         self.device = torch.device(device)
@@ -99,6 +102,7 @@ class Parallel:
 
 class _MultiRank(Parallel):
     sharded = True
+    multi_rank = True
 
     def sum_(self, tensor: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(tensor)
@@ -159,6 +163,7 @@ class FSDP2Parallel(_MultiRank):
     """Parameters, gradients and optimizer state sharded over ranks (``fully_shard`` per decoder layer)."""
 
     name = "fsdp2"
+    shards_parameters = True
 
     def wrap(self, model: torch.nn.Module, *, trainable: bool = True) -> torch.nn.Module:
         from torch.distributed.fsdp import FSDPModule, fully_shard
