@@ -63,6 +63,33 @@ class TaskResult:
     truncated_prompts: int = 0  # prompts cut to fit the context (on_long_row: truncate)
 
 
+@dataclass
+class _StepTally:
+    """What one explore step counts over its sampling rounds (its metrics are made from it)."""
+
+    version: int  # the weights version the step samples with
+    tasks: int = 0
+    failed: int = 0
+    failed_runs: int = 0
+    retries: int = 0
+    skipped_long: int = 0
+    truncated: int = 0
+    rounds: int = 0  # extra rounds of dynamic sampling
+    dropped: int = 0  # groups the experience operators dropped
+    groups: int = 0
+    informative: int = 0  # groups with some reward variance
+    sampled: list[Experience] = dataclasses.field(default_factory=list)  # every experience sampled
+    op_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def count(self, tasks: Sequence[Task], results: Sequence[TaskResult]) -> None:
+        self.tasks += len(tasks)
+        self.failed += sum(r.error is not None for r in results)
+        self.failed_runs += sum(r.failed_runs for r in results)
+        self.retries += sum(r.retries for r in results)
+        self.skipped_long += sum(r.skipped_long for r in results)
+        self.truncated += sum(r.truncated_prompts for r in results)
+
+
 class Explorer:
     def __init__(
         self,
@@ -142,82 +169,92 @@ class Explorer:
         t0 = time.perf_counter()
         engine_s0 = getattr(self.model, "engine_seconds", 0.0)
         self._phase = f"explore:{step}"
-        version = self.model.version
-        kept: list[list[Experience]] = []
-        tasks_run = failed = dropped = rounds = failed_runs = retries = skipped_long = truncated = 0
-        sampled: list[Experience] = []  # everything sampled, for the rollout metrics
-        op_metrics: dict[str, float] = {}
-        groups_seen = informative = 0
-        observe = getattr(self.taskset, "observe", None)  # a TaskFeed; a bare TaskSetReader does not adapt
-        while True:
-            tasks = self.taskset.next_batch(self.batch_size - len(kept))
-            results = self.run_tasks(tasks, self.rollout_params, use_repeat_times=True)
-            tasks_run += len(tasks)
-            failed += sum(r.error is not None for r in results)
-            failed_runs += sum(r.failed_runs for r in results)
-            retries += sum(r.retries for r in results)
-            skipped_long += sum(r.skipped_long for r in results)
-            truncated += sum(r.truncated_prompts for r in results)
-            round_groups = []
-            for r in results:
-                if not r.experiences:
-                    continue
-                if observe is not None:
-                    observe(r.task, r.experiences)
-                group = [
-                    e.replace(group_id=self.next_group_id, model_version=version, explore_step=step)
-                    for e in r.experiences
-                ]
-                self.next_group_id += 1
-                sampled += group
-                groups_seen += 1
-                informative += len({e.reward for e in group}) > 1
-                round_groups.append(group)
-            if self.experience_ops is not None:
-                passed, m = self.experience_ops(round_groups)
-                dropped += len(round_groups) - len(passed)
-                for k, v in m.items():
-                    op_metrics[k] = op_metrics.get(k, 0.0) + v
-                round_groups = passed
-            kept += round_groups
-            if not self.dynamic_sampling or len(kept) >= self.batch_size:
-                break
-            if self.max_sampling_rounds and rounds >= self.max_sampling_rounds:
-                raise RuntimeError(
-                    f"dynamic sampling kept {len(kept)} of {self.batch_size} groups after {rounds} extra round(s) "
-                    f"({dropped} groups dropped by the experience operators {self.experience_ops.names()}, e.g. "
-                    "all-equal rewards): the tasks are too easy or too hard for the model, or the filters too "
-                    "strict. Raise algorithm.dynamic_sampling.max_rounds (0 = unlimited) or turn it off."
-                )
-            rounds += 1
+        tally = _StepTally(version=self.model.version)
+        kept = self._sample_groups(step, tally)
         experiences = [e for group in kept[: self.batch_size] for e in group]
-        gen_seconds = time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
         engine_seconds = getattr(self.model, "engine_seconds", 0.0) - engine_s0
         t1 = time.perf_counter()
         self.queue.put(experiences)
-        metrics = summarize(sampled, "rollout")
+        return self._step_metrics(tally, len(experiences), seconds, engine_seconds, time.perf_counter() - t1)
+
+    def _sample_groups(self, step: int, tally: _StepTally) -> list[list[Experience]]:
+        """Rounds of tasks until ``batch_size`` groups pass the experience operators (one round unless
+        dynamic sampling is on); each task's experiences become one group, stamped with this step."""
+        kept: list[list[Experience]] = []
+        while True:
+            tasks = self.taskset.next_batch(self.batch_size - len(kept))
+            results = self.run_tasks(tasks, self.rollout_params, use_repeat_times=True)
+            tally.count(tasks, results)
+            kept += self._pass_operators(self._groups_of(results, step, tally), tally)
+            if not self.dynamic_sampling or len(kept) >= self.batch_size:
+                return kept
+            if self.max_sampling_rounds and tally.rounds >= self.max_sampling_rounds:
+                raise RuntimeError(
+                    f"dynamic sampling kept {len(kept)} of {self.batch_size} groups after {tally.rounds} extra "
+                    f"round(s) ({tally.dropped} groups dropped by the experience operators "
+                    f"{self.experience_ops.names()}, e.g. all-equal rewards): the tasks are too easy or too "
+                    "hard for the model, or the filters too strict. Raise "
+                    "algorithm.dynamic_sampling.max_rounds (0 = unlimited) or turn it off."
+                )
+            tally.rounds += 1
+
+    def _groups_of(self, results: list[TaskResult], step: int, tally: _StepTally) -> list[list[Experience]]:
+        """One group per task that produced experiences (a fresh group id each), reported to an adaptive
+        task set (``observe``) first."""
+        observe = getattr(self.taskset, "observe", None)  # a TaskFeed; a bare TaskSetReader does not adapt
+        groups = []
+        for r in results:
+            if not r.experiences:
+                continue
+            if observe is not None:
+                observe(r.task, r.experiences)
+            group = [
+                e.replace(group_id=self.next_group_id, model_version=tally.version, explore_step=step)
+                for e in r.experiences
+            ]
+            self.next_group_id += 1
+            tally.sampled += group
+            tally.groups += 1
+            tally.informative += len({e.reward for e in group}) > 1
+            groups.append(group)
+        return groups
+
+    def _pass_operators(self, groups: list[list[Experience]], tally: _StepTally) -> list[list[Experience]]:
+        if self.experience_ops is None:
+            return groups
+        passed, metrics = self.experience_ops(groups)
+        tally.dropped += len(groups) - len(passed)
+        for k, v in metrics.items():
+            tally.op_metrics[k] = tally.op_metrics.get(k, 0.0) + v
+        return passed
+
+    def _step_metrics(
+        self, tally: _StepTally, queued: int, seconds: float, engine_seconds: float, queue_wait: float
+    ) -> dict[str, float]:
+        metrics = summarize(tally.sampled, "rollout")
         metrics.update(
             {
-                "rollout/tasks": float(tasks_run),
-                "rollout/experiences": float(len(experiences)),
-                "rollout/failed_tasks": float(failed),
-                "rollout/failed_runs": float(failed_runs),
-                "rollout/retries": float(retries),
-                "rollout/skipped_long_tasks": float(skipped_long),
-                "rollout/truncated_prompts": float(truncated),
-                "rollout/seconds": gen_seconds,
-                "rollout/tokens_per_s": metrics.get("rollout/response_tokens", 0.0) / max(gen_seconds, 1e-9),
-                "rollout/queue_wait_seconds": time.perf_counter() - t1,
+                "rollout/tasks": float(tally.tasks),
+                "rollout/experiences": float(queued),
+                "rollout/failed_tasks": float(tally.failed),
+                "rollout/failed_runs": float(tally.failed_runs),
+                "rollout/retries": float(tally.retries),
+                "rollout/skipped_long_tasks": float(tally.skipped_long),
+                "rollout/truncated_prompts": float(tally.truncated),
+                "rollout/seconds": seconds,
+                "rollout/tokens_per_s": metrics.get("rollout/response_tokens", 0.0) / max(seconds, 1e-9),
+                "rollout/queue_wait_seconds": queue_wait,
                 # the profile (docs/performance.md): time in the engine, and outside it (reward functions,
                 # environments, workflow code, waits for a batch to fill)
-                "time/rollout": gen_seconds,
+                "time/rollout": seconds,
                 "time/rollout_generate": engine_seconds,
-                "time/rollout_reward": max(0.0, gen_seconds - engine_seconds),
-                "rollout/model_version": float(version),
-                "rollout/groups": float(groups_seen),
-                "rollout/informative_groups": float(informative),
-                **({"rollout/extra_rounds": float(rounds)} if self.dynamic_sampling else {}),
-                **op_metrics,
+                "time/rollout_reward": max(0.0, seconds - engine_seconds),
+                "rollout/model_version": float(tally.version),
+                "rollout/groups": float(tally.groups),
+                "rollout/informative_groups": float(tally.informative),
+                **({"rollout/extra_rounds": float(tally.rounds)} if self.dynamic_sampling else {}),
+                **tally.op_metrics,
                 **self.model.metrics(),
             }
         )
@@ -227,9 +264,9 @@ class Explorer:
         if hung:
             metrics["rollout/hung_env_calls"] = float(hung)  # overran env calls still running (envs/calls.py)
         if self.experience_ops is not None:
-            metrics["rollout/dropped_groups"] = float(dropped)
+            metrics["rollout/dropped_groups"] = float(tally.dropped)
         if self.dynamic_sampling:
-            metrics["rollout/sampling_rounds"] = float(rounds + 1)
+            metrics["rollout/sampling_rounds"] = float(tally.rounds + 1)
         skipped = getattr(self.taskset, "skipped_rows", 0)
         if skipped:
             metrics["rollout/skipped_rows"] = float(skipped)

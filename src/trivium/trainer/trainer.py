@@ -52,6 +52,17 @@ from trivium.types import Experience, TrainBatch, collate
 log = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass
+class _Passes:
+    """The forward passes of one step before any update, ``[R, L]`` each (None: not needed, or for ``old``
+    with one update: taken from the training forward itself)."""
+
+    old: torch.Tensor | None = None
+    ref: torch.Tensor | None = None
+    teacher: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+
+
 class Trainer:
     def __init__(
         self,
@@ -122,6 +133,9 @@ class Trainer:
         self.generator = torch.Generator().manual_seed(seed)
 
     def train_step(self, experiences: Sequence[Experience]) -> dict[str, float]:
+        """One trainer step over ``experiences``: the log-prob passes the algorithm needs, the advantages,
+        then ``ppo_epochs`` passes over the mini-batches; returns the step's metrics. A step whose rewards
+        or advantages are not finite makes no update (``guard.py``) and still counts."""
         t0 = time.perf_counter()
         timer = self.timer = PhaseTimer(self.device)  # time/<phase> of this step (monitor/phases.py)
         experiences, dropped = self.guard.rewards(experiences)
@@ -132,34 +146,13 @@ class Trainer:
             batch = collate(experiences, self.pad_token_id, self.cfg.pack_length).to(self.device)
         minis = self._mini_batches(batch)
         self.optim.plan(self.total_steps * self.cfg.ppo_epochs * len(minis))
-        # With one update per batch the policy is unchanged until that update, so the old log-probs are
-        # the training forward's own (detached): one forward pass fewer, the same numbers. Advantages that
-        # read old log-probs (KL penalty, distillation) need them first, so they get the extra pass.
-        single_update = self.cfg.ppo_epochs == 1 and len(minis) == 1
-        needs = self.algorithm.advantage_requires
-        early_old = (
-            "old_logprobs" in needs or self.kl_penalty is not None or self.algorithm.rollout_is_cap > 0
-        )
-        old_lp = teacher_lp = values = None
-        if self.algorithm.needs_old_logprobs and (early_old or not single_update):
-            with timer("old_logprobs"):
-                old_lp = self._logprobs(self.model, batch)
-        elif not self.algorithm.needs_old_logprobs:
-            old_lp = torch.zeros_like(batch.rollout_logprobs)
-        ref_lp = None
-        if self.ref_model is not None or self.reference_is_base:
-            with timer("ref_logprobs"):
-                ref_lp = self._reference_logprobs(batch)
-        if self.teacher_model is not None:
-            with timer("teacher_logprobs"):
-                teacher_lp = self._logprobs(self.teacher_model, batch)
-        if self.critic is not None:
-            with timer("values"):
-                values = self.critic.values(batch, self._micro_rows(batch))
+        passes = self._before_update(batch, single_update=self.cfg.ppo_epochs == 1 and len(minis) == 1)
         with timer("advantages"):
-            advantages, returns, metrics = self._advantages(batch, old_lp, ref_lp, teacher_lp, values)
+            advantages, returns, metrics = self._advantages(
+                batch, passes.old, passes.ref, passes.teacher, passes.values
+            )
             if self.algorithm.rollout_is_cap > 0:
-                advantages, m = self._rollout_correction(batch, old_lp, advantages)
+                advantages, m = self._rollout_correction(batch, passes.old, advantages)
                 metrics.update(m)
         if not bool(torch.isfinite(advantages).all()):
             return self._skipped_step(t0, dropped, "the advantages are not finite")
@@ -168,51 +161,93 @@ class Trainer:
                 self.step + 1, batch, experiences, advantages, lambda rows: self._rows_logprobs(batch, rows)
             )
         skipped_before = self.optim.skipped
+        metrics.update(self._update_epochs(batch, minis, passes, advantages, returns))
+        self.step += 1
+        skipped = self.optim.skipped - skipped_before
+        self.guard.step_done(
+            self.step, f"{skipped} update(s) with a non-finite or absurd gradient norm" if skipped else None
+        )
+        metrics.update(self._step_metrics(batch, t0, skipped, dropped))
+        return metrics
+
+    def _before_update(self, batch: TrainBatch, single_update: bool) -> _Passes:
+        """The forward passes before any update: old log-probs, the reference's, the teacher's, the
+        critic's values (each only when the algorithm reads it).
+
+        With one update per batch (``single_update``) the policy is unchanged until that update, so the old
+        log-probs are the training forward's own (detached): one forward pass fewer, the same numbers.
+        Advantages that read old log-probs (KL penalty, distillation, rollout correction) need them first,
+        so they get the extra pass."""
+        timer, passes = self.timer, _Passes()
+        early_old = (
+            "old_logprobs" in self.algorithm.advantage_requires
+            or self.kl_penalty is not None
+            or self.algorithm.rollout_is_cap > 0
+        )
+        if self.algorithm.needs_old_logprobs and (early_old or not single_update):
+            with timer("old_logprobs"):
+                passes.old = self._logprobs(self.model, batch)
+        elif not self.algorithm.needs_old_logprobs:
+            passes.old = torch.zeros_like(batch.rollout_logprobs)
+        if self.ref_model is not None or self.reference_is_base:
+            with timer("ref_logprobs"):
+                passes.ref = self._reference_logprobs(batch)
+        if self.teacher_model is not None:
+            with timer("teacher_logprobs"):
+                passes.teacher = self._logprobs(self.teacher_model, batch)
+        if self.critic is not None:
+            with timer("values"):
+                passes.values = self.critic.values(batch, self._micro_rows(batch))
+        return passes
+
+    def _update_epochs(
+        self, batch: TrainBatch, minis: list, passes: _Passes, advantages: torch.Tensor, returns
+    ) -> dict[str, float]:
+        """``ppo_epochs`` passes over the mini-batches (policy, and critic when there is one): the mean of
+        each update's metrics, and the train/rollout log-prob mismatch of the first pass."""
         seen_lp = torch.zeros_like(batch.rollout_logprobs)  # log-probs of the first pass, for the mismatch
         sums: dict[str, float] = {}
         updates = 0
         train_policy = self.critic is None or self.step >= self.critic.warmup_steps
         for epoch in range(self.cfg.ppo_epochs):
             for rows in minis if epoch == 0 else self._mini_batches(batch):
-                part = self._update(batch, rows, old_lp, ref_lp, advantages, seen_lp) if train_policy else {}
+                part = (
+                    self._update(batch, rows, passes.old, passes.ref, advantages, seen_lp)
+                    if train_policy
+                    else {}
+                )
                 if self.critic is not None:
-                    with timer("critic"):
-                        part.update(
-                            self.critic.update(
-                                batch, rows, values, returns, self._micro_rows(batch, rows.numel())
-                            )
-                        )
+                    with self.timer("critic"):
+                        micro = self._micro_rows(batch, rows.numel())
+                        part.update(self.critic.update(batch, rows, passes.values, returns, micro))
                 for k, v in part.items():
                     sums[k] = sums.get(k, 0.0) + v
                 updates += 1
-        metrics.update({k: v / updates for k, v in sums.items()})
+        metrics = {k: v / updates for k, v in sums.items()}
         if self.algorithm.needs_old_logprobs and train_policy:
-            if old_lp is None:  # one update: every row's log-probs came from one rank's pass
+            if passes.old is None:  # one update: every row's log-probs came from one rank's pass
                 self.parallel.sum_(seen_lp)
-            metrics.update(self._mismatch_metrics(batch, seen_lp if old_lp is None else old_lp))
-        self.step += 1
-        skipped = self.optim.skipped - skipped_before
+            metrics.update(self._mismatch_metrics(batch, seen_lp if passes.old is None else passes.old))
+        return metrics
+
+    def _step_metrics(self, batch: TrainBatch, t0: float, skipped: int, dropped: int) -> dict[str, float]:
+        metrics = {}
         if self.optim.scaler is not None:  # fp16: updates the loss scaler skipped so far, and its scale
             metrics["train/amp_overflows"] = float(self.optim.overflows)
             metrics["train/loss_scale"] = float(self.optim.scaler.get_scale())
-        self.guard.step_done(
-            self.step, f"{skipped} update(s) with a non-finite or absurd gradient norm" if skipped else None
-        )
-        metrics.update(
-            {
-                "train/skipped_updates": float(skipped),
-                "train/dropped_experiences": float(dropped),
-                "train/lr": self.optim.lr,
-                "train/step_seconds": time.perf_counter() - t0,
-                "time/train": time.perf_counter() - t0,
-                **timer.metrics(),
-                "train/sequences": float(batch.num_seqs),
-                "train/action_tokens": float(batch.loss_mask.sum()),
-                "train/reward_mean": float(batch.rewards.mean()),
-                **self.optim.footprint(),
-            }
-        )
-        return metrics
+        return {
+            **metrics,
+            "train/skipped_updates": float(skipped),
+            "train/dropped_experiences": float(dropped),
+            "train/lr": self.optim.lr,
+            "train/step_seconds": time.perf_counter() - t0,
+            "time/train": time.perf_counter() - t0,
+            **self.timer.metrics(),
+            "train/sequences": float(batch.num_seqs),
+            "train/action_tokens": float(batch.loss_mask.sum()),
+            "train/reward_mean": float(batch.rewards.mean()),
+            **self.optim.footprint(),
+        }
 
     def _skipped_step(self, t0: float, dropped: int, why: str) -> dict[str, float]:
         """A step that makes no update (see ``guard.py``); it still counts as a step."""
