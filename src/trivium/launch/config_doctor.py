@@ -109,7 +109,19 @@ def longest_example(cfg, tokenizer) -> tuple[int, int, int]:
     return len(lengths), max(lengths, default=0), max(responses, default=0)
 
 
+@dataclass(frozen=True)
+class _Batch:
+    """One step's data, as the doctor counts it."""
+
+    experiences: int  # sequences per step
+    seq: int  # the longest sequence (a packed row's length with packing)
+    response: int  # its response tokens (a packed row's share)
+    rows: int  # rows of the data (tasks, or examples)
+    unit: str  # what a row is: "tasks" or "rows"
+
+
 def stage_facts(stage, index: int, count: int) -> StageFacts:
+    """What one stage means: its quantities per step, its weights' staleness and its memory, in lines."""
     from trivium.algorithm.presets import get_preset
 
     cfg = stage.config
@@ -120,117 +132,19 @@ def stage_facts(stage, index: int, count: int) -> StageFacts:
         what = "evaluates checkpoints" if cfg.mode == "bench" else "serves the policy"
         return StageFacts(stage.name, [head, f"  {what}: no training steps"], None, None, None)
     shape, model, tokenizer = model_and_tokenizer(cfg)
-    b, t, r, s = cfg.buffer, cfg.trainer, cfg.explorer.rollout, cfg.synchronizer
-    lines = [head]
+    b, t = cfg.buffer, cfg.trainer
     explores = cfg.mode in ("both", "explore") or (cfg.mode == "train" and b.storage is not None)
-    if explores and b.taskset is not None:
-        rows, prompt = longest_prompt(b.taskset, tokenizer, cfg.seed)
-        k = b.taskset.repeat_times
-        experiences, seq, response = b.batch_size * k, prompt + r.max_tokens, r.max_tokens
-        lines.append(
-            f"  experiences  {b.batch_size} tasks per step (buffer.batch_size) x {k} samples each "
-            f"(taskset.repeat_times) = {experiences} experiences per step"
-        )
-        lines.append(
-            f"  tokens       longest prompt {prompt} tokens + at most {r.max_tokens} sampled "
-            f"(explorer.rollout.max_tokens) = {seq} per sequence; at most {experiences * seq:,} tokens per step"
-        )
-        unit = "tasks"
-    else:
-        rows, seq, response = longest_example(cfg, tokenizer)
-        experiences = b.batch_size
-        lines.append(f"  examples     {experiences} examples per step (buffer.batch_size)")
-        lines.append(
-            f"  tokens       longest example {seq} tokens (prompt + response); at most "
-            f"{experiences * seq:,} tokens per step"
-        )
-        unit = "rows"
-    if t.pack_length:  # a packed row holds several sequences: its responses' share of the row
-        response = min(t.pack_length, math.ceil(t.pack_length * response / max(seq, 1)))
-        seq = t.pack_length
-        lines.append(f"               packed into rows of {seq} tokens (trainer.pack_length)")
-    total = b.total_steps or b.total_epochs * math.ceil(rows / b.batch_size)
-    how = (
-        "buffer.total_steps"
-        if b.total_steps
-        else f"{b.total_epochs} epoch(s) x ceil({rows} {unit} / {b.batch_size}) (buffer.total_epochs)"
-    )
-    lines.append(f"  steps        {total} steps ({how}); the data has {rows} {unit}")
-    mini = t.mini_batch_size or experiences
-    minis = math.ceil(experiences / mini)
     trains = cfg.mode != "explore"  # the explore process of a decoupled run samples only
-    lines.append(
-        f"  updates      {experiences} per step / {mini} per mini-batch (trainer.mini_batch_size"
-        f"{' 0: the whole batch' if not t.mini_batch_size else ''}) = {minis} mini-batch(es) x "
-        f"{t.ppo_epochs} ppo_epochs = {minis * t.ppo_epochs} optimizer step(s) per step, "
-        f"{total * minis * t.ppo_epochs:,} in the stage"
-    )
-    per_rank = math.ceil(mini / t.world_size)
-    rows_per_pass = min(micro_rows(t.micro_batch_size, t.max_tokens_per_micro_batch, per_rank, seq), per_rank)
-    # memory: the fullest pass a batch can make. Shorter batches than the longest allow more rows a pass
-    # under a token budget, up to about the budget's tokens, so the rows the budget caps at this width
-    # (not the evenly spread ones) stand for it.
-    fullest_rows = min(micro_cap(t.micro_batch_size, t.max_tokens_per_micro_batch, seq), per_rank)
-    if not trains:
-        lines[-1] = "  updates      none in this process: the train process of the run trains what it writes"
-    else:
-        budget = (
-            f" and {t.max_tokens_per_micro_batch} tokens (trainer.max_tokens_per_micro_batch)"
-            if t.max_tokens_per_micro_batch
-            else ""
-        )
-        lines.append(
-            f"  micro        {per_rank} rows per mini-batch on each of {t.world_size} rank(s), at most "
-            f"{t.micro_batch_size} rows (trainer.micro_batch_size){budget} per pass = "
-            f"{math.ceil(per_rank / rows_per_pass)} forward/backward pass(es) of up to {rows_per_pass} x {seq} "
-            "tokens per optimizer step"
-        )
-    if cfg.mode == "both" or (cfg.mode == "train" and b.storage is not None):
-        bound = s.sync_interval - 1 + s.sync_offset
-        lines.append(
-            f"  weights      synced every {s.sync_interval} step(s) (synchronizer.sync_interval): "
-            f"{s.sync_interval} trainer version(s) per sync; the explorer runs up to {s.sync_offset} step(s) "
-            f"ahead (sync_offset), so an experience is at most {s.sync_interval} - 1 + {s.sync_offset} = "
-            f"{bound} version(s) old when trained"
-            + (
-                f" (max_staleness {s.max_staleness}: older ones {s.staleness_policy})"
-                if s.max_staleness is not None
-                else ""
-            )
-        )
+    batch, lines = _batch_lines(cfg, tokenizer, explores)
+    total = b.total_steps or b.total_epochs * math.ceil(batch.rows / b.batch_size)
+    more, fullest_rows = _update_lines(cfg, batch, total, trains)
+    lines = [head, *lines, *more, *_staleness_lines(cfg)]
     preset = get_preset(cfg.algorithm.algorithm_type)
-    a = cfg.algorithm
-    needs_ref = a.kl_loss.coef > 0 or a.kl_penalty.coef > 0 or preset.needs_reference
-    needs_ref = needs_ref or preset.offline_data == "preference"
-    trainable = lora_params(model, cfg.model.lora) if cfg.model.lora is not None else shape.params
-    frozen = 1 if needs_ref and cfg.model.lora is None else 0
-    in_flight = 0  # sequences the engine samples at once: a step's tasks, or an evaluation's
-    if explores and b.taskset is not None and cfg.mode != "train":
-        tasks = cfg.explorer.max_concurrency or b.batch_size
-        in_flight = min(tasks, b.batch_size) * b.taskset.repeat_times
-    rollout_seq = seq if in_flight else 0
-    for ts in b.eval_tasksets:
-        n, prompt = longest_prompt(ts, tokenizer, cfg.seed)
-        in_flight = max(in_flight, min(cfg.explorer.max_concurrency or n, n) * cfg.explorer.eval.repeat_times)
-        rollout_seq = max(rollout_seq, prompt + r.max_tokens)
-    shapes = Shapes(
-        experiences=experiences,
-        rows_per_micro=fullest_rows,
-        seq_len=seq,
-        loss_tokens=response if projects_loss_tokens_only(model) else seq,
-        in_flight=in_flight,
-        rollout_seq=rollout_seq,
-        trainable=trainable,
-        frozen_copies=frozen,
-        critic=preset.needs_critic,
-        rollout_engine=in_flight > 0
-        and r.engine_type == "transformers"
-        and PLACEMENTS.get(cfg.cluster.backend).engines_in_driver,
-        overlap=s.sync_offset > 0,
-    )
+    shapes = _shapes(cfg, preset, shape, model, tokenizer, batch, fullest_rows, explores)
     shards = t.world_size if STRATEGIES.get(t.strategy).shards_parameters else 1
     precision = trainer_precision(cfg) if trains else None
     autocast = precision is not None and precision.name in ("bf16", "fp16")
+    r = cfg.explorer.rollout
     est = estimate(shape, shapes, cfg.model.dtype, r.dtype or cfg.model.dtype, shards, autocast)
     if precision is not None:
         lines.append(f"  precision    {precision.describe(t.precision)}")
@@ -239,6 +153,131 @@ def stage_facts(stage, index: int, count: int) -> StageFacts:
         est.steady, est.train_transient = est.parts["rollout"]["weights"], 0.0
     lines += memory_lines(shape, shapes, est, cfg)
     return StageFacts(stage.name, lines, shapes, est, total)
+
+
+def _batch_lines(cfg, tokenizer, explores: bool) -> tuple[_Batch, list[str]]:
+    """Experiences and tokens per step: sampled from the task set, or read from a dataset."""
+    b, t, r = cfg.buffer, cfg.trainer, cfg.explorer.rollout
+    if explores and b.taskset is not None:
+        rows, prompt = longest_prompt(b.taskset, tokenizer, cfg.seed)
+        k = b.taskset.repeat_times
+        experiences, seq, response = b.batch_size * k, prompt + r.max_tokens, r.max_tokens
+        lines = [
+            f"  experiences  {b.batch_size} tasks per step (buffer.batch_size) x {k} samples each "
+            f"(taskset.repeat_times) = {experiences} experiences per step",
+            f"  tokens       longest prompt {prompt} tokens + at most {r.max_tokens} sampled "
+            f"(explorer.rollout.max_tokens) = {seq} per sequence; at most {experiences * seq:,} tokens per step",
+        ]
+        unit = "tasks"
+    else:
+        rows, seq, response = longest_example(cfg, tokenizer)
+        experiences = b.batch_size
+        lines = [
+            f"  examples     {experiences} examples per step (buffer.batch_size)",
+            f"  tokens       longest example {seq} tokens (prompt + response); at most "
+            f"{experiences * seq:,} tokens per step",
+        ]
+        unit = "rows"
+    if t.pack_length:  # a packed row holds several sequences: its responses' share of the row
+        response = min(t.pack_length, math.ceil(t.pack_length * response / max(seq, 1)))
+        seq = t.pack_length
+        lines.append(f"               packed into rows of {seq} tokens (trainer.pack_length)")
+    return _Batch(experiences, seq, response, rows, unit), lines
+
+
+def _update_lines(cfg, batch: _Batch, total: int, trains: bool) -> tuple[list[str], int]:
+    """Steps, optimizer updates and forward/backward passes; and the rows of the fullest pass."""
+    b, t = cfg.buffer, cfg.trainer
+    how = (
+        "buffer.total_steps"
+        if b.total_steps
+        else f"{b.total_epochs} epoch(s) x ceil({batch.rows} {batch.unit} / {b.batch_size}) (buffer.total_epochs)"
+    )
+    lines = [f"  steps        {total} steps ({how}); the data has {batch.rows} {batch.unit}"]
+    mini = t.mini_batch_size or batch.experiences
+    minis = math.ceil(batch.experiences / mini)
+    per_rank = math.ceil(mini / t.world_size)
+    # memory: the fullest pass a batch can make. Shorter batches than the longest allow more rows a pass
+    # under a token budget, up to about the budget's tokens, so the rows the budget caps at this width
+    # (not the evenly spread ones) stand for it.
+    fullest_rows = min(micro_cap(t.micro_batch_size, t.max_tokens_per_micro_batch, batch.seq), per_rank)
+    if not trains:
+        lines.append(
+            "  updates      none in this process: the train process of the run trains what it writes"
+        )
+        return lines, fullest_rows
+    lines.append(
+        f"  updates      {batch.experiences} per step / {mini} per mini-batch (trainer.mini_batch_size"
+        f"{' 0: the whole batch' if not t.mini_batch_size else ''}) = {minis} mini-batch(es) x "
+        f"{t.ppo_epochs} ppo_epochs = {minis * t.ppo_epochs} optimizer step(s) per step, "
+        f"{total * minis * t.ppo_epochs:,} in the stage"
+    )
+    rows_per_pass = min(
+        micro_rows(t.micro_batch_size, t.max_tokens_per_micro_batch, per_rank, batch.seq), per_rank
+    )
+    budget = (
+        f" and {t.max_tokens_per_micro_batch} tokens (trainer.max_tokens_per_micro_batch)"
+        if t.max_tokens_per_micro_batch
+        else ""
+    )
+    lines.append(
+        f"  micro        {per_rank} rows per mini-batch on each of {t.world_size} rank(s), at most "
+        f"{t.micro_batch_size} rows (trainer.micro_batch_size){budget} per pass = "
+        f"{math.ceil(per_rank / rows_per_pass)} forward/backward pass(es) of up to {rows_per_pass} x "
+        f"{batch.seq} tokens per optimizer step"
+    )
+    return lines, fullest_rows
+
+
+def _staleness_lines(cfg) -> list[str]:
+    """How old an experience is when trained, for a stage that both samples and trains."""
+    b, s = cfg.buffer, cfg.synchronizer
+    if not (cfg.mode == "both" or (cfg.mode == "train" and b.storage is not None)):
+        return []
+    bound = s.sync_interval - 1 + s.sync_offset
+    kept = (
+        f" (max_staleness {s.max_staleness}: older ones {s.staleness_policy})"
+        if s.max_staleness is not None
+        else ""
+    )
+    return [
+        f"  weights      synced every {s.sync_interval} step(s) (synchronizer.sync_interval): "
+        f"{s.sync_interval} trainer version(s) per sync; the explorer runs up to {s.sync_offset} step(s) "
+        f"ahead (sync_offset), so an experience is at most {s.sync_interval} - 1 + {s.sync_offset} = "
+        f"{bound} version(s) old when trained{kept}"
+    ]
+
+
+def _shapes(cfg, preset, shape, model, tokenizer, batch: _Batch, fullest_rows: int, explores: bool) -> Shapes:
+    """What the memory estimate sizes: the fullest pass, the sequences sampled at once (a step's tasks or
+    an evaluation's), the trainable and frozen copies of the model."""
+    b, r, a = cfg.buffer, cfg.explorer.rollout, cfg.algorithm
+    needs_ref = a.kl_loss.coef > 0 or a.kl_penalty.coef > 0 or preset.needs_reference
+    needs_ref = needs_ref or preset.offline_data == "preference"
+    trainable = lora_params(model, cfg.model.lora) if cfg.model.lora is not None else shape.params
+    in_flight = 0  # sequences the engine samples at once: a step's tasks, or an evaluation's
+    if explores and b.taskset is not None and cfg.mode != "train":
+        tasks = cfg.explorer.max_concurrency or b.batch_size
+        in_flight = min(tasks, b.batch_size) * b.taskset.repeat_times
+    rollout_seq = batch.seq if in_flight else 0
+    for ts in b.eval_tasksets:
+        n, prompt = longest_prompt(ts, tokenizer, cfg.seed)
+        in_flight = max(in_flight, min(cfg.explorer.max_concurrency or n, n) * cfg.explorer.eval.repeat_times)
+        rollout_seq = max(rollout_seq, prompt + r.max_tokens)
+    in_driver = PLACEMENTS.get(cfg.cluster.backend).engines_in_driver
+    return Shapes(
+        experiences=batch.experiences,
+        rows_per_micro=fullest_rows,
+        seq_len=batch.seq,
+        loss_tokens=batch.response if projects_loss_tokens_only(model) else batch.seq,
+        in_flight=in_flight,
+        rollout_seq=rollout_seq,
+        trainable=trainable,
+        frozen_copies=1 if needs_ref and cfg.model.lora is None else 0,
+        critic=preset.needs_critic,
+        rollout_engine=in_flight > 0 and r.engine_type == "transformers" and in_driver,
+        overlap=cfg.synchronizer.sync_offset > 0,
+    )
 
 
 def projects_loss_tokens_only(model) -> bool:
