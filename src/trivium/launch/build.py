@@ -255,10 +255,10 @@ def kl_penalty_controller(cfg):
 def sample_strategy(cfg: TriviumConfig, tokenizer):
     """The stage's sample strategy (the preset's unless ``algorithm.sample_strategy`` overrides it)."""
     from trivium.algorithm.presets import get_preset
-    from trivium.buffer.sampling import SAMPLE_STRATEGIES
+    from trivium.buffer.sampling import SAMPLE_STRATEGIES, build_strategy
 
     name = cfg.algorithm.sample_strategy or get_preset(cfg.algorithm.algorithm_type).sample_strategy
-    return SAMPLE_STRATEGIES.get(name)(cfg, tokenizer, **cfg.algorithm.sample_strategy_args)
+    return build_strategy(SAMPLE_STRATEGIES.get(name), cfg, tokenizer, cfg.algorithm.sample_strategy_args)
 
 
 def storage(cfg: TriviumConfig, run_dir: Path):

@@ -105,7 +105,7 @@ def _algorithm_data_problems(cfg: TriviumConfig, at) -> list[Problem]:
                 )
             )
     if preset is not None:
-        from trivium.buffer.sampling import SAMPLE_STRATEGIES
+        from trivium.buffer.sampling import SAMPLE_STRATEGIES, problems_of
 
         name = cfg.algorithm.sample_strategy or preset.sample_strategy
         problem = SAMPLE_STRATEGIES.problem(name)
@@ -113,7 +113,7 @@ def _algorithm_data_problems(cfg: TriviumConfig, at) -> list[Problem]:
             out.append(Problem(at("algorithm.sample_strategy"), name, problem.rule, problem.fix))
         else:
             strategy = SAMPLE_STRATEGIES.get(name)
-            for path, rule, fix in strategy.problems(cfg, cfg.algorithm.sample_strategy_args):
+            for path, rule, fix in problems_of(strategy, cfg, cfg.algorithm.sample_strategy_args):
                 out.append(Problem(at(path), None, rule, fix))
     if cfg.mode == "bench" and not buf.eval_tasksets:
         out.append(
