@@ -130,6 +130,8 @@ def grpo_everything(tmp: Path, model_dir: Path, data: Path) -> dict[str, Any]:
         "eval_at_start": True,
         "eval_interval": 2,
         "eval": {"temperature": 0.5, "repeat_times": 2},
+        # on, with more samples than the run has tasks: read, never binding (tests/explorer covers it)
+        "dynamic_timeout": {"enable": True, "ratio": 50.0, "window": 16, "min_samples": 10_000},
     }
     cfg["algorithm"] = {
         "algorithm_type": "grpo",

@@ -128,6 +128,20 @@ class EvalConfig(StrictModel):
     """Samples per eval task; accuracy is averaged over them."""
 
 
+class DynamicTimeoutConfig(StrictModel):
+    enable: bool = False
+    """A task's time limit follows the run: ratio x the mean duration of the last window tasks that
+    succeeded (once min_samples have), never above explorer.workflow_timeout_s when that is set; enforced
+    at the task's next model call and around each environment call (a hung environment costs the limit,
+    not its configured worst case). Evaluation tasks keep the fixed limit."""
+    ratio: float = Field(3.0, ge=1.0, le=1e6)
+    """The limit as a multiple of the mean successful task duration (>= 1)."""
+    window: int = Field(64, ge=1, le=COUNT_MAX)
+    """Successful tasks the mean is taken over (the most recent)."""
+    min_samples: int = Field(8, ge=1, le=COUNT_MAX)
+    """Successful tasks needed before the limit applies (until then: the fixed limit)."""
+
+
 class ExplorerConfig(StrictModel):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     """How responses are sampled."""
@@ -147,6 +161,8 @@ class ExplorerConfig(StrictModel):
     workflow_timeout_s: float = Field(0.0, ge=0, le=SECONDS_MAX)
     """A task still running after this many seconds fails at its next model call; 0 = no limit.
     Environment steps have their own limit (workflow_args.env_timeout_s of the multi-turn workflows)."""
+    dynamic_timeout: DynamicTimeoutConfig = Field(default_factory=DynamicTimeoutConfig)
+    """Each task's limit from the run's own task durations (named as in Trinity-RFT, so configs port)."""
 
 
 class TaskSetConfig(TaskSourceFields):

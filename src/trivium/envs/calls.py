@@ -10,6 +10,10 @@ thread that the workflow waits for up to ``env_timeout_s``. When it overruns, th
 - The workflow then calls the environment's ``close()`` (with the same limit): an environment that runs a
   process or holds a socket kills or closes it there, which also ends a step blocked on it.
 
+A task's own deadline (``task_deadline``, set by the explorer from ``explorer.workflow_timeout_s`` or
+``explorer.dynamic_timeout``) bounds every environment call of the task as well: a call gets what is left
+of it when that is less than ``env_timeout_s``, and fails the same way when it overruns.
+
 What Python cannot interrupt: a thread blocked inside one C call (a long ``time.sleep``, a read from a
 socket or pipe without a timeout, a C extension's loop) sees the exception only when that call returns,
 and ``close()`` did not end it. Such a thread is left running as a daemon: it holds no lock of the run,
@@ -20,16 +24,17 @@ that should use timeouts of its own, or run its work in a subprocess that ``clos
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import ctypes
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from trivium import faults
 
-__all__ = ["EnvStopped", "EnvTimeoutError", "call_with_timeout", "hung_calls"]
+__all__ = ["EnvStopped", "EnvTimeoutError", "call_with_timeout", "hung_calls", "task_deadline"]
 
 
 class EnvTimeoutError(TimeoutError):
@@ -38,6 +43,35 @@ class EnvTimeoutError(TimeoutError):
 
 class EnvStopped(BaseException):
     """Raised inside an environment call's thread after the call overran its time limit."""
+
+
+# The running task's deadline (time.monotonic()) and what set it: environment calls end by it too.
+_TASK_DEADLINE: contextvars.ContextVar[tuple[float, str] | None] = contextvars.ContextVar(
+    "trivium_task_deadline", default=None
+)
+
+
+@contextlib.contextmanager
+def task_deadline(deadline: float | None, set_by: str) -> Iterator[None]:
+    """Environment calls made inside end by ``deadline`` (``time.monotonic()``; None: no deadline) as well
+    as by their own ``timeout_s``, whichever comes first (``explorer.dynamic_timeout``: a hung environment
+    costs the task's limit, not the configured worst case)."""
+    token = _TASK_DEADLINE.set(None if deadline is None else (deadline, set_by))
+    try:
+        yield
+    finally:
+        _TASK_DEADLINE.reset(token)
+
+
+def _limit(timeout_s: float | None) -> tuple[float | None, str]:
+    """The seconds a call may take now and what sets them: its own limit or the task's deadline."""
+    limit, why = (timeout_s or None), f"env_timeout_s={timeout_s} s"
+    task = _TASK_DEADLINE.get()
+    if task is not None:
+        left = task[0] - time.monotonic()
+        if limit is None or left < limit:
+            limit, why = left, f"the task's time limit ({task[1]})"
+    return limit, why
 
 
 _HUNG: dict[threading.Thread, tuple[str, float]] = {}  # overrun calls: thread -> (what, monotonic start)
@@ -52,8 +86,11 @@ def call_with_timeout(
     inject a fault into this call."""
     if fault_site is not None:
         fn = faults.wrap(fault_site, fn, what, limit_s=timeout_s)
-    if not timeout_s:
+    timeout_s, why = _limit(timeout_s)
+    if timeout_s is None:
         return fn(*args)
+    if timeout_s <= 0:
+        raise EnvTimeoutError(f"{what} was not started: the task is past {why}")
     box: dict[str, Any] = {}
     context = contextvars.copy_context()  # the caller's fault scope reaches rewards computed in the call
 
@@ -72,7 +109,7 @@ def call_with_timeout(
             _HUNG[thread] = (what, start)
         stop_thread(thread)
         injected = " (an injected hang, faults.env_hang)" if getattr(fn, "injected", "") == "env_hang" else ""
-        raise EnvTimeoutError(f"{what} did not return within env_timeout_s={timeout_s} s{injected}")
+        raise EnvTimeoutError(f"{what} did not return within {why}{injected}")
     if "error" in box:
         raise box["error"]
     return box.get("value")

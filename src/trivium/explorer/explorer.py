@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -29,7 +30,8 @@ from dataclasses import dataclass
 
 from trivium import faults as fault_sites
 from trivium.buffer.task_files import TaskDataError
-from trivium.envs.calls import hung_calls
+from trivium.envs.calls import hung_calls, task_deadline
+from trivium.explorer.timeouts import TaskTimeouts
 from trivium.faults import FaultInjector
 from trivium.models.handle import ModelHandle, PromptTooLong, WorkflowTimeoutError
 from trivium.models.protocol import SamplingParams
@@ -61,6 +63,11 @@ class TaskResult:
     retries: int = 0  # extra attempts the task took
     skipped_long: bool = False  # its prompt filled the model's context (on_long_row: skip)
     truncated_prompts: int = 0  # prompts cut to fit the context (on_long_row: truncate)
+    seconds: float = 0.0  # from its start to its result, retries included
+
+    @property
+    def timed_out(self) -> bool:
+        return isinstance(self.error, TimeoutError)  # its time limit (model call or environment call)
 
 
 @dataclass
@@ -78,6 +85,8 @@ class _StepTally:
     dropped: int = 0  # groups the experience operators dropped
     groups: int = 0
     informative: int = 0  # groups with some reward variance
+    timed_out: int = 0  # tasks stopped by their time limit
+    task_seconds: list[float] = dataclasses.field(default_factory=list)  # each task's duration
     sampled: list[Experience] = dataclasses.field(default_factory=list)  # every experience sampled
     op_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
 
@@ -88,6 +97,8 @@ class _StepTally:
         self.retries += sum(r.retries for r in results)
         self.skipped_long += sum(r.skipped_long for r in results)
         self.truncated += sum(r.truncated_prompts for r in results)
+        self.timed_out += sum(r.timed_out for r in results)
+        self.task_seconds += [r.seconds for r in results]
 
 
 class Explorer:
@@ -106,6 +117,7 @@ class Explorer:
         max_sampling_rounds: int = 10,
         max_retries: int = 0,
         workflow_timeout_s: float = 0.0,
+        timeouts: TaskTimeouts | None = None,  # each task's limit (explorer.dynamic_timeout); default: fixed
         failure_sink: Callable[[dict], None] | None = None,
         faults: FaultInjector | None = None,
         experience_ops=None,  # buffer.operators.ExperiencePipeline or None
@@ -121,7 +133,7 @@ class Explorer:
         self.dynamic_sampling = dynamic_sampling
         self.max_sampling_rounds = max_sampling_rounds
         self.max_retries = max_retries
-        self.workflow_timeout_s = workflow_timeout_s
+        self.timeouts = timeouts or TaskTimeouts(workflow_timeout_s)
         self.failure_sink = failure_sink  # gets one dict per failure (task id, run, attempt, reason)
         self.next_group_id = 0
         self.failed_tasks = 0
@@ -141,6 +153,7 @@ class Explorer:
             "taskset": None if self.taskset is None else self.taskset.state_dict(),
             "next_group_id": self.next_group_id,
             "sampler": self.model.engine.sampler_state(),
+            "task_seconds": self.timeouts.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -148,6 +161,7 @@ class Explorer:
             self.taskset.load_state_dict(state["taskset"])
         self.next_group_id = state["next_group_id"]
         self.model.engine.load_sampler_state(state["sampler"])
+        self.timeouts.load_state_dict(state.get("task_seconds", []))  # (not in checkpoints before it)
 
     def explore_step(self, step: int) -> dict[str, float]:
         """``_explore_step``, with its peak memory as ``rss/rollout`` when ``monitor.phase_memory`` is on."""
@@ -258,6 +272,9 @@ class Explorer:
                 **self.model.metrics(),
             }
         )
+        metrics.update(_duration_metrics(tally.task_seconds))
+        metrics["rollout/timed_out_tasks"] = float(tally.timed_out)
+        metrics["rollout/task_timeout_s"] = self.timeouts.limit()[0]  # for the next step's tasks; 0: none
         if self.faults is not None:
             metrics.update(self.faults.take_counts())
         hung = len(hung_calls())
@@ -331,48 +348,21 @@ class Explorer:
             return []
         workers = min(len(tasks), self.max_concurrency or len(tasks))
 
+        explore = self._phase != "eval"
+
         def one(item: tuple[int, Task]) -> TaskResult:
             order, task = item
             n = task.repeat_times if use_repeat_times else params.n
-            timeout = self.workflow_timeout_s
+            timeout, set_by = self.timeouts.limit(explore)
             with self.model.worker(), self._running(task):
-                deadline = time.monotonic() + timeout if timeout else None
-                attempt = 0
-                while True:  # a timed-out run or the last attempt returns its failure
-                    handle = ModelHandle(
-                        self.model, dataclasses.replace(params, n=n), order, deadline, task.on_long_row
-                    )
-                    with self._fault_scope(task, order, attempt):
-                        try:
-                            fault_sites.at("workflow", task.workflow, limit_s=timeout)
-                            workflow = get_workflow(task.workflow)(**dict(task.workflow_args))
-                            experiences = workflow.run(task, handle)
-                        except PromptTooLong as exc:  # the row, not the run: no retry
-                            if task.on_long_row == "error":
-                                raise LongRowError(task, exc) from exc
-                            log.warning("task %s skipped (on_long_row: skip): %s", task.task_id, exc)
-                            self._record_failure(task, None, attempt, f"skipped: {exc}")
-                            return TaskResult(task, [], skipped_long=True, retries=attempt)
-                        except Exception as exc:  # one task fails, the step goes on
-                            log.warning(
-                                "task %s failed in workflow '%s' (attempt %d of %d): %r",
-                                task.task_id, task.workflow, attempt + 1, self.max_retries + 1, exc,
-                            )  # fmt: skip
-                            self._record_failure(task, None, attempt, repr(exc))
-                            if isinstance(exc, WorkflowTimeoutError) or attempt == self.max_retries:
-                                return TaskResult(task, [], exc, retries=attempt)
-                            attempt += 1
-                            continue
-                        runs = list(getattr(workflow, "failed_runs", ()))
-                        for run, reason in runs:
-                            self._record_failure(task, run, attempt, reason)
-                    return TaskResult(
-                        task,
-                        experiences,
-                        failed_runs=len(runs),
-                        retries=attempt,
-                        truncated_prompts=handle.truncated_prompts,
-                    )
+                t0 = time.monotonic()
+                deadline = t0 + timeout if timeout else None
+                with task_deadline(deadline, set_by):  # its environment calls end by it too
+                    result = self._attempts(task, order, dataclasses.replace(params, n=n), deadline, set_by)
+            result.seconds = time.monotonic() - t0
+            if explore and result.error is None and result.experiences and not result.failed_runs:
+                self.timeouts.succeeded(result.seconds)
+            return result
 
         # Announcing the workers up front makes each engine batch hold the same requests whatever the
         # thread timing, so a seeded run samples the same tokens every time. This thread drives the engine
@@ -393,6 +383,55 @@ class Explorer:
             ) from failures[0].error
         return results
 
+    def _attempts(
+        self, task: Task, order: int, params: SamplingParams, deadline: float | None, set_by: str
+    ) -> TaskResult:
+        """The task's workflow, re-run up to ``max_retries`` more times after a failure (not after its time
+        limit, nor for a prompt too long for the model)."""
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        attempt = 0
+        while True:  # a timed-out run or the last attempt returns its failure
+            handle = ModelHandle(
+                self.model,
+                params,
+                order,
+                deadline,
+                task.on_long_row,
+                deadline_set_by=set_by,
+            )
+            with self._fault_scope(task, order, attempt):
+                try:
+                    fault_sites.at("workflow", task.workflow, limit_s=timeout)
+                    workflow = get_workflow(task.workflow)(**dict(task.workflow_args))
+                    experiences = workflow.run(task, handle)
+                except PromptTooLong as exc:  # the row, not the run: no retry
+                    if task.on_long_row == "error":
+                        raise LongRowError(task, exc) from exc
+                    log.warning("task %s skipped (on_long_row: skip): %s", task.task_id, exc)
+                    self._record_failure(task, None, attempt, f"skipped: {exc}")
+                    return TaskResult(task, [], skipped_long=True, retries=attempt)
+                except Exception as exc:  # one task fails, the step goes on
+                    log.warning(
+                        "task %s failed in workflow '%s' (attempt %d of %d): %r",
+                        task.task_id, task.workflow, attempt + 1, self.max_retries + 1, exc,
+                    )  # fmt: skip
+                    self._record_failure(task, None, attempt, repr(exc))
+                    past = deadline is not None and time.monotonic() >= deadline
+                    if isinstance(exc, WorkflowTimeoutError) or past or attempt == self.max_retries:
+                        return TaskResult(task, [], exc, retries=attempt)
+                    attempt += 1
+                    continue
+                runs = list(getattr(workflow, "failed_runs", ()))
+                for run, reason in runs:
+                    self._record_failure(task, run, attempt, reason)
+            return TaskResult(
+                task,
+                experiences,
+                failed_runs=len(runs),
+                retries=attempt,
+                truncated_prompts=handle.truncated_prompts,
+            )
+
     @contextlib.contextmanager
     def _running(self, task: Task):
         key = threading.get_ident()
@@ -403,6 +442,19 @@ class Explorer:
         finally:
             with self._in_flight_lock:
                 self._in_flight.pop(key, None)
+
+
+def _duration_metrics(seconds: Sequence[float]) -> dict[str, float]:
+    """The step's task durations: median, 95th percentile (nearest rank) and longest."""
+    if not seconds:
+        return {}
+    ranked = sorted(seconds)
+    at = lambda q: ranked[min(len(ranked) - 1, max(0, math.ceil(q * len(ranked)) - 1))]  # noqa: E731
+    return {
+        "rollout/task_seconds_p50": at(0.5),
+        "rollout/task_seconds_p95": at(0.95),
+        "rollout/task_seconds_max": ranked[-1],
+    }
 
 
 def at_k(results: Sequence[TaskResult], k: int, prefix: str) -> dict[str, float]:

@@ -394,11 +394,20 @@ def make_explorer(
         dynamic_sampling=cfg.algorithm.dynamic_sampling.enabled,
         max_sampling_rounds=cfg.algorithm.dynamic_sampling.max_rounds,
         max_retries=cfg.explorer.max_retries,
-        workflow_timeout_s=cfg.explorer.workflow_timeout_s,
+        timeouts=task_timeouts(cfg),
         failure_sink=None if failure_log is None else jsonl_appender(failure_log),
         faults=None if rates is None else FaultInjector(rates),
         experience_ops=experience_ops(cfg),
     )
+
+
+def task_timeouts(cfg: TriviumConfig):
+    """Each explore task's time limit: ``explorer.workflow_timeout_s``, or ``explorer.dynamic_timeout``."""
+    from trivium.explorer.timeouts import TaskTimeouts
+
+    e, d = cfg.explorer, cfg.explorer.dynamic_timeout
+    ratio = d.ratio if d.enable else 0.0
+    return TaskTimeouts(e.workflow_timeout_s, ratio=ratio, window=d.window, min_samples=d.min_samples)
 
 
 def experience_ops(cfg: TriviumConfig):

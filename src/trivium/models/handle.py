@@ -43,6 +43,7 @@ class ModelHandle:
         order_key: Any = None,
         deadline: float | None = None,
         on_long_prompt: str = "error",
+        deadline_set_by: str = "explorer.workflow_timeout_s",
     ):
         if on_long_prompt not in LONG_PROMPT_POLICIES:
             raise ValueError(f"on_long_prompt={on_long_prompt!r}: use one of {LONG_PROMPT_POLICIES}")
@@ -50,6 +51,7 @@ class ModelHandle:
         self.params = params
         self.order_key = order_key
         self.deadline = deadline  # time.monotonic() after which model calls raise WorkflowTimeoutError
+        self.deadline_set_by = deadline_set_by  # what set it, for the error
         self.on_long_prompt = on_long_prompt  # the task set's on_long_row
         self.truncated_prompts = 0  # prompts cut to fit the context (on_long_prompt "truncate")
 
@@ -98,7 +100,8 @@ class ModelHandle:
         stepping together); ``out[i]`` belongs to ``prompts[i]``."""
         if self.deadline is not None and time.monotonic() > self.deadline:
             raise WorkflowTimeoutError(
-                "the workflow ran past explorer.workflow_timeout_s; this run is stopped at its next model call"
+                f"the workflow ran past its time limit ({self.deadline_set_by}); this run is stopped at its "
+                "next model call"
             )
         params = dataclasses.replace(self.params, **overrides) if overrides else self.params
         prompts = [self._fitted(list(p), params) for p in prompts]
