@@ -120,7 +120,8 @@ def test_each_stage_has_its_own_charts_and_compare_aligns_stages(studio, browser
     assert (sft.get_attribute("data-points"), grpo.get_attribute("data-points")) == ("4", "3")
     assert (grpo.get_attribute("data-first"), grpo.get_attribute("data-last")) == ("5", "7")
     assert "sft: steps 1–4 · grpo: steps 5–7" in page.inner_text("#stage-strip")
-    for key in ("train/grad_norm", "train/lr", "time/step", "time/train", "time/rollout"):
+    keys = ("train/grad_norm", "train/lr", "time/step", "time/train", "time/rollout")
+    for key in (*keys, "rollout/task_seconds_p95", "rollout/task_seconds_max"):  # (issue 30: the tail)
         assert page.locator(f'svg[data-key="{key}"] polyline').count() >= 1, key
 
     page.goto(f"{studio.url}/#/compare?ids=e2e/two,e2e/one")

@@ -14,6 +14,7 @@ const GROUPS = [
   ["mismatch", /^mismatch\/logprob_abs_(mean|max)$/],
   ["staleness", /stale/],
   ["throughput", /tokens_per_s$/],
+  ["task durations (s)", /^rollout\/(task_seconds_(p50|p95|max)|task_timeout_s)$/],
   ["phase times (s)", /^(time\/.*|rollout\/seconds|train\/seconds|sync\/seconds|sync\/wait_seconds|buffer\/wait_seconds)$/],
 ];
 
