@@ -4,43 +4,14 @@ hung environment call costs that limit, not the configured worst case."""
 import time
 
 import pytest
+from tests.explorer.slow_env import Feed, Queue, tasks
 
-from trivium.envs.calls import EnvTimeoutError, call_with_timeout
+from trivium.envs.calls import EnvTimeoutError
 from trivium.explorer.explorer import Explorer
 from trivium.explorer.timeouts import TaskTimeouts
 from trivium.models.batching import BatchingRolloutModel
 from trivium.models.protocol import SamplingParams
 from trivium.models.transformers_engine import TransformersEngine
-from trivium.types import Task
-from trivium.workflows.base import Workflow, experience_from_generation
-from trivium.workflows.registry import WORKFLOWS, register_workflow
-
-
-def _sleep_in_slices(seconds: float) -> None:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:  # slices: the stop signal of an overrun call lands between them
-        time.sleep(0.01)
-
-
-class EnvThenModel(Workflow):
-    """One environment call that takes ``task.raw["env_s"]`` seconds (a remote sandbox), then one sample."""
-
-    def run(self, task, model):
-        call_with_timeout(_sleep_in_slices, task.data["env_s"], timeout_s=None, what="environment step")
-        return [
-            experience_from_generation(g, reward=float(i), task=task, run_index=i, metrics={})
-            for i, g in enumerate(model.generate([1, 2, 3]))
-        ]
-
-
-if "test_env_then_model" not in WORKFLOWS:
-    register_workflow("test_env_then_model")(EnvThenModel)
-
-
-def tasks(*env_s):
-    return [
-        Task(f"t:{i}", {"env_s": s}, "test_env_then_model", "exact_match", 2) for i, s in enumerate(env_s)
-    ]
 
 
 def test_the_limit_is_a_multiple_of_the_mean_of_recent_successes_and_never_above_the_fixed_one():
@@ -95,23 +66,12 @@ def test_a_hung_environment_costs_the_dynamic_limit_and_fails_only_its_task(tiny
 def test_a_step_reports_its_task_durations_and_timeouts(tiny_model_dir):
     engine = BatchingRolloutModel(TransformersEngine.from_pretrained(tiny_model_dir, seed=0))
 
-    class Feed:
-        def __init__(self):
-            self.batches = [tasks(0.02, 0.02), tasks(0.02, 20.0)]
-
-        def next_batch(self, k):
-            return self.batches.pop(0)
-
-    class Queue:
-        def put(self, experiences):
-            self.got = experiences
-
     params = SamplingParams(max_tokens=3)
     explorer = Explorer(
         engine,
         rollout_params=params,
         eval_params=params,
-        taskset=Feed(),
+        taskset=Feed(tasks(0.02, 0.02), tasks(0.02, 20.0)),
         queue=Queue(),
         batch_size=2,
         timeouts=TaskTimeouts(0.0, ratio=2.0, min_samples=2),

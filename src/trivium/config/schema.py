@@ -128,6 +128,19 @@ class EvalConfig(StrictModel):
     """Samples per eval task; accuracy is averaged over them."""
 
 
+class OverRolloutConfig(StrictModel):
+    ratio: float = Field(1.0, ge=1.0, le=100.0)
+    """Start ceil(ratio x batch_size) tasks a step and go ahead once batch_size of them finished with
+    experiences; the rest are cancelled at their next model or environment call (dropped, counted in
+    rollout/cancelled_tasks; a group is never trained half-finished). 1 = off. Going ahead with the first
+    finished favours tasks that finish fast (short answers, quick environments): watch the response
+    lengths, and give the slower ones time with wait_after_min."""
+    wait_after_min: float = Field(0.0, ge=0, le=SECONDS_MAX)
+    """Go ahead no sooner than this many seconds after the step's tasks started, even with batch_size
+    finished; of all finished, the first batch_size in task order are trained (rollout/unused_groups counts
+    the rest)."""
+
+
 class DynamicTimeoutConfig(StrictModel):
     enable: bool = False
     """A task's time limit follows the run: ratio x the mean duration of the last window tasks that
@@ -161,6 +174,8 @@ class ExplorerConfig(StrictModel):
     workflow_timeout_s: float = Field(0.0, ge=0, le=SECONDS_MAX)
     """A task still running after this many seconds fails at its next model call; 0 = no limit.
     Environment steps have their own limit (workflow_args.env_timeout_s of the multi-turn workflows)."""
+    over_rollout: OverRolloutConfig = Field(default_factory=OverRolloutConfig)
+    """More tasks than a step needs, and the step goes ahead without the slowest (named as in Trinity-RFT)."""
     dynamic_timeout: DynamicTimeoutConfig = Field(default_factory=DynamicTimeoutConfig)
     """Each task's limit from the run's own task durations (named as in Trinity-RFT, so configs port)."""
 

@@ -30,9 +30,11 @@ import ctypes
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from trivium import faults
+from trivium.models.protocol import TaskCancelled
 
 __all__ = ["EnvStopped", "EnvTimeoutError", "call_with_timeout", "hung_calls", "task_deadline"]
 
@@ -45,37 +47,53 @@ class EnvStopped(BaseException):
     """Raised inside an environment call's thread after the call overran its time limit."""
 
 
-# The running task's deadline (time.monotonic()) and what set it: environment calls end by it too.
-_TASK_DEADLINE: contextvars.ContextVar[tuple[float, str] | None] = contextvars.ContextVar(
-    "trivium_task_deadline", default=None
+@dataclass(frozen=True)
+class _TaskLimits:
+    deadline: float | None  # time.monotonic() by which the task's calls end; None: none
+    set_by: str  # what set the deadline, for the error
+    cancelled: threading.Event | None  # set when the explorer goes ahead without the task (over-rollout)
+    away: Callable[[], contextlib.AbstractContextManager] | None  # the task's worker steps out of batching
+
+
+# The running task's limits: its environment calls end by them too (set by the explorer, per task).
+_TASK: contextvars.ContextVar[_TaskLimits | None] = contextvars.ContextVar(
+    "trivium_task_limits", default=None
 )
 
 
 @contextlib.contextmanager
-def task_deadline(deadline: float | None, set_by: str) -> Iterator[None]:
+def task_deadline(
+    deadline: float | None,
+    set_by: str,
+    cancelled: threading.Event | None = None,
+    away: Callable[[], contextlib.AbstractContextManager] | None = None,
+) -> Iterator[None]:
     """Environment calls made inside end by ``deadline`` (``time.monotonic()``; None: no deadline) as well
     as by their own ``timeout_s``, whichever comes first (``explorer.dynamic_timeout``: a hung environment
-    costs the task's limit, not the configured worst case)."""
-    token = _TASK_DEADLINE.set(None if deadline is None else (deadline, set_by))
+    costs the task's limit, not the configured worst case); and at once, with ``TaskCancelled``, when
+    ``cancelled`` is set (``explorer.over_rollout``: the step went ahead without the task). ``away``: entered
+    while a call runs (``BatchingRolloutModel.away``: the other tasks' model calls do not wait for it)."""
+    token = _TASK.set(_TaskLimits(deadline, set_by, cancelled, away))
     try:
         yield
     finally:
-        _TASK_DEADLINE.reset(token)
+        _TASK.reset(token)
 
 
 def _limit(timeout_s: float | None) -> tuple[float | None, str]:
     """The seconds a call may take now and what sets them: its own limit or the task's deadline."""
     limit, why = (timeout_s or None), f"env_timeout_s={timeout_s} s"
-    task = _TASK_DEADLINE.get()
-    if task is not None:
-        left = task[0] - time.monotonic()
+    task = _TASK.get()
+    if task is not None and task.deadline is not None:
+        left = task.deadline - time.monotonic()
         if limit is None or left < limit:
-            limit, why = left, f"the task's time limit ({task[1]})"
+            limit, why = left, f"the task's time limit ({task.set_by})"
     return limit, why
 
 
 _HUNG: dict[threading.Thread, tuple[str, float]] = {}  # overrun calls: thread -> (what, monotonic start)
 _HUNG_LOCK = threading.Lock()
+_CANCEL_POLL_S = 0.05  # how often a call of a task that may be cancelled looks at its flag
 
 
 def call_with_timeout(
@@ -87,9 +105,13 @@ def call_with_timeout(
     if fault_site is not None:
         fn = faults.wrap(fault_site, fn, what, limit_s=timeout_s)
     timeout_s, why = _limit(timeout_s)
-    if timeout_s is None:
+    task = _TASK.get()
+    cancelled = None if task is None else task.cancelled
+    if cancelled is not None and cancelled.is_set():
+        raise TaskCancelled(f"{what} was not started: the explorer went ahead without this task")
+    if timeout_s is None and cancelled is None:
         return fn(*args)
-    if timeout_s <= 0:
+    if timeout_s is not None and timeout_s <= 0:
         raise EnvTimeoutError(f"{what} was not started: the task is past {why}")
     box: dict[str, Any] = {}
     context = contextvars.copy_context()  # the caller's fault scope reaches rewards computed in the call
@@ -103,11 +125,21 @@ def call_with_timeout(
     start = time.monotonic()
     thread = threading.Thread(target=target, name=f"env-{what}", daemon=True)
     thread.start()
-    thread.join(timeout_s)
+    end = None if timeout_s is None else start + timeout_s
+    with contextlib.nullcontext() if task is None or task.away is None else task.away():
+        while thread.is_alive():
+            left = None if end is None else end - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            thread.join(left if cancelled is None else min(_CANCEL_POLL_S, left or _CANCEL_POLL_S))
+            if cancelled is not None and cancelled.is_set():
+                break
     if thread.is_alive():
         with _HUNG_LOCK:
             _HUNG[thread] = (what, start)
         stop_thread(thread)
+        if cancelled is not None and cancelled.is_set():
+            raise TaskCancelled(f"{what} was stopped: the explorer went ahead without this task")
         injected = " (an injected hang, faults.env_hang)" if getattr(fn, "injected", "") == "env_hang" else ""
         raise EnvTimeoutError(f"{what} did not return within {why}{injected}")
     if "error" in box:

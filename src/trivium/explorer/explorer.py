@@ -14,6 +14,11 @@ section sets a rate): each attempt of a task runs in a fault scope keyed by its 
 attempt; the workflow site is here, before the workflow runs. Injected failures take the path of real ones;
 their records list what was injected (``injected``), and ``faults/*`` counts them per step.
 ``in_flight()`` says which tasks run now and for how long (the stall doctor reads it).
+
+Long-tail control (docs/agents.md): ``timeouts`` gives each task its limit (``explorer.dynamic_timeout``:
+a multiple of the recent mean task time), enforced at model calls and around environment calls; with
+``over_rollout_ratio`` > 1 a step starts more tasks than it needs and cancels the stragglers once enough
+finished (``run_tasks(enough=...)``).
 """
 
 from __future__ import annotations
@@ -26,15 +31,15 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 from trivium import faults as fault_sites
 from trivium.buffer.task_files import TaskDataError
 from trivium.envs.calls import hung_calls, task_deadline
+from trivium.explorer.step_metrics import StepTally, TaskResult, at_k, duration_metrics, summarize
 from trivium.explorer.timeouts import TaskTimeouts
 from trivium.faults import FaultInjector
 from trivium.models.handle import ModelHandle, PromptTooLong, WorkflowTimeoutError
-from trivium.models.protocol import SamplingParams
+from trivium.models.protocol import SamplingParams, TaskCancelled
 from trivium.monitor.phases import PEAK_RSS
 from trivium.types import Experience, Task
 from trivium.workflows.registry import get_workflow
@@ -54,53 +59,6 @@ class LongRowError(TaskDataError):
         )
 
 
-@dataclass
-class TaskResult:
-    task: Task
-    experiences: list[Experience]
-    error: BaseException | None = None
-    failed_runs: int = 0  # episodes the workflow dropped (an environment raised or hung)
-    retries: int = 0  # extra attempts the task took
-    skipped_long: bool = False  # its prompt filled the model's context (on_long_row: skip)
-    truncated_prompts: int = 0  # prompts cut to fit the context (on_long_row: truncate)
-    seconds: float = 0.0  # from its start to its result, retries included
-
-    @property
-    def timed_out(self) -> bool:
-        return isinstance(self.error, TimeoutError)  # its time limit (model call or environment call)
-
-
-@dataclass
-class _StepTally:
-    """What one explore step counts over its sampling rounds (its metrics are made from it)."""
-
-    version: int  # the weights version the step samples with
-    tasks: int = 0
-    failed: int = 0
-    failed_runs: int = 0
-    retries: int = 0
-    skipped_long: int = 0
-    truncated: int = 0
-    rounds: int = 0  # extra rounds of dynamic sampling
-    dropped: int = 0  # groups the experience operators dropped
-    groups: int = 0
-    informative: int = 0  # groups with some reward variance
-    timed_out: int = 0  # tasks stopped by their time limit
-    task_seconds: list[float] = dataclasses.field(default_factory=list)  # each task's duration
-    sampled: list[Experience] = dataclasses.field(default_factory=list)  # every experience sampled
-    op_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
-
-    def count(self, tasks: Sequence[Task], results: Sequence[TaskResult]) -> None:
-        self.tasks += len(tasks)
-        self.failed += sum(r.error is not None for r in results)
-        self.failed_runs += sum(r.failed_runs for r in results)
-        self.retries += sum(r.retries for r in results)
-        self.skipped_long += sum(r.skipped_long for r in results)
-        self.truncated += sum(r.truncated_prompts for r in results)
-        self.timed_out += sum(r.timed_out for r in results)
-        self.task_seconds += [r.seconds for r in results]
-
-
 class Explorer:
     def __init__(
         self,
@@ -118,6 +76,8 @@ class Explorer:
         max_retries: int = 0,
         workflow_timeout_s: float = 0.0,
         timeouts: TaskTimeouts | None = None,  # each task's limit (explorer.dynamic_timeout); default: fixed
+        over_rollout_ratio: float = 1.0,  # start ceil(ratio x needed) tasks, go ahead once needed finished
+        over_rollout_wait_s: float = 0.0,  # ... and no sooner than this after the round started
         failure_sink: Callable[[dict], None] | None = None,
         faults: FaultInjector | None = None,
         experience_ops=None,  # buffer.operators.ExperiencePipeline or None
@@ -134,6 +94,10 @@ class Explorer:
         self.max_sampling_rounds = max_sampling_rounds
         self.max_retries = max_retries
         self.timeouts = timeouts or TaskTimeouts(workflow_timeout_s)
+        if over_rollout_ratio < 1:
+            raise ValueError(f"explorer.over_rollout.ratio must be >= 1, got {over_rollout_ratio}")
+        self.over_rollout_ratio = over_rollout_ratio
+        self.over_rollout_wait_s = over_rollout_wait_s
         self.failure_sink = failure_sink  # gets one dict per failure (task id, run, attempt, reason)
         self.next_group_id = 0
         self.failed_tasks = 0
@@ -183,22 +147,26 @@ class Explorer:
         t0 = time.perf_counter()
         engine_s0 = getattr(self.model, "engine_seconds", 0.0)
         self._phase = f"explore:{step}"
-        tally = _StepTally(version=self.model.version)
+        tally = StepTally(version=self.model.version)
         kept = self._sample_groups(step, tally)
         experiences = [e for group in kept[: self.batch_size] for e in group]
+        tally.unused = max(0, len(kept) - self.batch_size)  # finished beyond the batch (task order kept)
         seconds = time.perf_counter() - t0
         engine_seconds = getattr(self.model, "engine_seconds", 0.0) - engine_s0
         t1 = time.perf_counter()
         self.queue.put(experiences)
         return self._step_metrics(tally, len(experiences), seconds, engine_seconds, time.perf_counter() - t1)
 
-    def _sample_groups(self, step: int, tally: _StepTally) -> list[list[Experience]]:
+    def _sample_groups(self, step: int, tally: StepTally) -> list[list[Experience]]:
         """Rounds of tasks until ``batch_size`` groups pass the experience operators (one round unless
         dynamic sampling is on); each task's experiences become one group, stamped with this step."""
         kept: list[list[Experience]] = []
         while True:
-            tasks = self.taskset.next_batch(self.batch_size - len(kept))
-            results = self.run_tasks(tasks, self.rollout_params, use_repeat_times=True)
+            need = self.batch_size - len(kept)
+            started = math.ceil(self.over_rollout_ratio * need)  # over-rollout: more, and go ahead at need
+            tasks = self.taskset.next_batch(started)
+            enough = need if started > need else None
+            results = self.run_tasks(tasks, self.rollout_params, use_repeat_times=True, enough=enough)
             tally.count(tasks, results)
             kept += self._pass_operators(self._groups_of(results, step, tally), tally)
             if not self.dynamic_sampling or len(kept) >= self.batch_size:
@@ -213,7 +181,7 @@ class Explorer:
                 )
             tally.rounds += 1
 
-    def _groups_of(self, results: list[TaskResult], step: int, tally: _StepTally) -> list[list[Experience]]:
+    def _groups_of(self, results: list[TaskResult], step: int, tally: StepTally) -> list[list[Experience]]:
         """One group per task that produced experiences (a fresh group id each), reported to an adaptive
         task set (``observe``) first."""
         observe = getattr(self.taskset, "observe", None)  # a TaskFeed; a bare TaskSetReader does not adapt
@@ -234,7 +202,7 @@ class Explorer:
             groups.append(group)
         return groups
 
-    def _pass_operators(self, groups: list[list[Experience]], tally: _StepTally) -> list[list[Experience]]:
+    def _pass_operators(self, groups: list[list[Experience]], tally: StepTally) -> list[list[Experience]]:
         if self.experience_ops is None:
             return groups
         passed, metrics = self.experience_ops(groups)
@@ -244,7 +212,7 @@ class Explorer:
         return passed
 
     def _step_metrics(
-        self, tally: _StepTally, queued: int, seconds: float, engine_seconds: float, queue_wait: float
+        self, tally: StepTally, queued: int, seconds: float, engine_seconds: float, queue_wait: float
     ) -> dict[str, float]:
         metrics = summarize(tally.sampled, "rollout")
         metrics.update(
@@ -272,8 +240,11 @@ class Explorer:
                 **self.model.metrics(),
             }
         )
-        metrics.update(_duration_metrics(tally.task_seconds))
+        metrics.update(duration_metrics(tally.task_seconds))
         metrics["rollout/timed_out_tasks"] = float(tally.timed_out)
+        if self.over_rollout_ratio > 1:
+            metrics["rollout/cancelled_tasks"] = float(tally.cancelled)
+            metrics["rollout/unused_groups"] = float(tally.unused)
         metrics["rollout/task_timeout_s"] = self.timeouts.limit()[0]  # for the next step's tasks; 0: none
         if self.faults is not None:
             metrics.update(self.faults.take_counts())
@@ -341,24 +312,37 @@ class Explorer:
         return self.faults.scope(f"{self._phase}|{order}|{task.task_id}|{attempt}")
 
     def run_tasks(
-        self, tasks: Sequence[Task], params: SamplingParams, use_repeat_times: bool
+        self,
+        tasks: Sequence[Task],
+        params: SamplingParams,
+        use_repeat_times: bool,
+        enough: int | None = None,
     ) -> list[TaskResult]:
-        """Run every task's workflow concurrently; model calls are batched across them."""
+        """Run every task's workflow concurrently; model calls are batched across them. With ``enough``
+        (over-rollout), go ahead once that many tasks finished with experiences (and ``over_rollout_wait_s``
+        passed): the others are cancelled at their next model or environment call and come back
+        ``cancelled``, with nothing."""
         if not tasks:
             return []
         workers = min(len(tasks), self.max_concurrency or len(tasks))
-
         explore = self._phase != "eval"
+        cancels = [threading.Event() for _ in tasks] if enough is not None else None
 
         def one(item: tuple[int, Task]) -> TaskResult:
             order, task = item
             n = task.repeat_times if use_repeat_times else params.n
             timeout, set_by = self.timeouts.limit(explore)
+            cancelled = None if cancels is None else cancels[order]
+            if cancelled is not None and cancelled.is_set():  # cancelled before it started
+                return TaskResult(task, [], cancelled=True)
             with self.model.worker(), self._running(task):
                 t0 = time.monotonic()
                 deadline = t0 + timeout if timeout else None
-                with task_deadline(deadline, set_by):  # its environment calls end by it too
-                    result = self._attempts(task, order, dataclasses.replace(params, n=n), deadline, set_by)
+                away = None if cancelled is None else self.model.away  # over-rollout: no hostage batches
+                with task_deadline(deadline, set_by, cancelled, away):  # its environment calls end by it too
+                    result = self._attempts(
+                        task, order, dataclasses.replace(params, n=n), deadline, set_by, cancelled
+                    )
             result.seconds = time.monotonic() - t0
             if explore and result.error is None and result.experiences and not result.failed_runs:
                 self.timeouts.succeeded(result.seconds)
@@ -373,18 +357,53 @@ class Explorer:
             self.model.driving(),
         ):
             futures = [pool.submit(one, item) for item in enumerate(tasks)]
+            if cancels is not None:
+                self._go_ahead_at(enough, futures, cancels)
             self.model.drive(lambda: all(f.done() for f in futures))
             results = [f.result() for f in futures]
         failures = [r for r in results if r.error is not None]
         self.failed_tasks += len(failures)
-        if failures and len(failures) == len(results) - sum(r.skipped_long for r in results):
+        dropped = sum(r.skipped_long or r.cancelled for r in results)
+        if failures and len(failures) == len(results) - dropped:
             raise RuntimeError(
                 f"every task of the batch failed; first: task {failures[0].task.task_id}: {failures[0].error!r}"
             ) from failures[0].error
         return results
 
+    def _go_ahead_at(self, enough: int, futures: list, cancels: list[threading.Event]) -> None:
+        """Over-rollout: drive the engine until ``enough`` tasks finished with experiences (and the wait
+        passed) or all are done; then cancel the rest (their queued model requests at once)."""
+        t0 = time.monotonic()
+
+        def finished(f) -> bool:
+            return f.done() and f.exception() is None and bool(f.result().experiences)
+
+        def ahead() -> bool:
+            if all(f.done() for f in futures):
+                return True
+            waited = time.monotonic() - t0 >= self.over_rollout_wait_s
+            return waited and sum(map(finished, futures)) >= enough
+
+        self.model.drive(ahead)
+        stragglers = [order for order, f in enumerate(futures) if not f.done()]
+        for order in stragglers:
+            cancels[order].set()
+        if stragglers:
+            self.model.cancel(stragglers)
+            log.info(
+                "over-rollout: %d task(s) finished, %d cancelled",
+                len(futures) - len(stragglers),
+                len(stragglers),
+            )
+
     def _attempts(
-        self, task: Task, order: int, params: SamplingParams, deadline: float | None, set_by: str
+        self,
+        task: Task,
+        order: int,
+        params: SamplingParams,
+        deadline: float | None,
+        set_by: str,
+        cancelled: threading.Event | None = None,
     ) -> TaskResult:
         """The task's workflow, re-run up to ``max_retries`` more times after a failure (not after its time
         limit, nor for a prompt too long for the model)."""
@@ -398,12 +417,15 @@ class Explorer:
                 deadline,
                 task.on_long_row,
                 deadline_set_by=set_by,
+                cancelled=cancelled,
             )
             with self._fault_scope(task, order, attempt):
                 try:
                     fault_sites.at("workflow", task.workflow, limit_s=timeout)
                     workflow = get_workflow(task.workflow)(**dict(task.workflow_args))
                     experiences = workflow.run(task, handle)
+                except TaskCancelled:  # the step went ahead without it: dropped, not failed
+                    return TaskResult(task, [], cancelled=True, retries=attempt)
                 except PromptTooLong as exc:  # the row, not the run: no retry
                     if task.on_long_row == "error":
                         raise LongRowError(task, exc) from exc
@@ -442,52 +464,3 @@ class Explorer:
         finally:
             with self._in_flight_lock:
                 self._in_flight.pop(key, None)
-
-
-def _duration_metrics(seconds: Sequence[float]) -> dict[str, float]:
-    """The step's task durations: median, 95th percentile (nearest rank) and longest."""
-    if not seconds:
-        return {}
-    ranked = sorted(seconds)
-    at = lambda q: ranked[min(len(ranked) - 1, max(0, math.ceil(q * len(ranked)) - 1))]  # noqa: E731
-    return {
-        "rollout/task_seconds_p50": at(0.5),
-        "rollout/task_seconds_p95": at(0.95),
-        "rollout/task_seconds_max": ranked[-1],
-    }
-
-
-def at_k(results: Sequence[TaskResult], k: int, prefix: str) -> dict[str, float]:
-    """mean@k, best@k and worst@k of accuracy (the reward where a workflow reports no accuracy)."""
-    per_task = [
-        [e.metrics.get("accuracy", e.reward) for e in r.experiences] for r in results if r.experiences
-    ]
-    if k <= 1 or not per_task:
-        return {}
-    n = len(per_task)
-    return {
-        f"{prefix}/mean@{k}": sum(sum(a) / len(a) for a in per_task) / n,
-        f"{prefix}/best@{k}": sum(max(a) for a in per_task) / n,
-        f"{prefix}/worst@{k}": sum(min(a) for a in per_task) / n,
-    }
-
-
-def summarize(experiences: Sequence[Experience], prefix: str) -> dict[str, float]:
-    """Mean reward, accuracy and response length of experiences, plus every numeric workflow metric:
-    averaged, except ``count/...`` metrics (e.g. ``count/reward_error``), which are summed."""
-    if not experiences:
-        return {f"{prefix}/count": 0.0}
-    n = len(experiences)
-    rewards = [e.reward for e in experiences]
-    mean = sum(rewards) / n
-    out = {
-        f"{prefix}/count": float(n),
-        f"{prefix}/reward_mean": mean,
-        f"{prefix}/reward_std": (sum((r - mean) ** 2 for r in rewards) / max(1, n - 1)) ** 0.5,
-        f"{prefix}/response_tokens": float(sum(e.response_length for e in experiences)),
-    }
-    keys = sorted({k for e in experiences for k in e.metrics})
-    for k in keys:
-        values = [e.metrics[k] for e in experiences if k in e.metrics]
-        out[f"{prefix}/{k}"] = sum(values) if k.startswith("count/") else sum(values) / len(values)
-    return out

@@ -395,6 +395,8 @@ def make_explorer(
         max_sampling_rounds=cfg.algorithm.dynamic_sampling.max_rounds,
         max_retries=cfg.explorer.max_retries,
         timeouts=task_timeouts(cfg),
+        over_rollout_ratio=cfg.explorer.over_rollout.ratio,
+        over_rollout_wait_s=cfg.explorer.over_rollout.wait_after_min,
         failure_sink=None if failure_log is None else jsonl_appender(failure_log),
         faults=None if rates is None else FaultInjector(rates),
         experience_ops=experience_ops(cfg),

@@ -31,11 +31,11 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from trivium.models.protocol import Generation, RolloutModel, SamplingParams
+from trivium.models.protocol import Generation, RolloutModel, SamplingParams, TaskCancelled
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -203,6 +203,23 @@ class BatchingRolloutModel:
                     deadline = self._time_to_deadline()
                     self._cv.wait(timeout=poll_s if deadline is None else min(poll_s, deadline))
 
+    def cancel(self, order_keys: Collection[Any]) -> int:
+        """Answer the pending requests of ``order_keys`` with ``TaskCancelled`` (a request already in a
+        running batch completes); returns how many were cancelled."""
+        keys = set(order_keys)
+        with self._cv:
+            gone = [r for r in self._pending if r.order_key in keys]
+            if not gone:
+                return 0
+            self._pending = [r for r in self._pending if r.order_key not in keys]
+            for r in gone:
+                r.error = TaskCancelled(f"task {r.order_key}: the explorer went ahead without it")
+                r.done = True
+                if r.from_worker:
+                    self._blocked -= 1
+            self._cv.notify_all()
+        return len(gone)
+
     # ------------------------------------------------------------------------------------ worker contexts
     @contextlib.contextmanager
     def worker(self) -> Iterator[None]:
@@ -227,6 +244,24 @@ class BatchingRolloutModel:
                     if self._reservation is not None:
                         self._reservation.claimed_threads.discard(threading.get_ident())
                     self._cv.notify_all()  # the others may now all be blocked
+
+    @contextlib.contextmanager
+    def away(self) -> Iterator[None]:
+        """A worker steps out of the batch count for the duration (a long environment call): batches fire
+        without waiting for it to call ``generate``. Its requests then join whichever batch is forming when
+        it comes back, so batch membership depends on timing (the explorer uses it with over-rollout only,
+        where a step goes ahead on timing anyway)."""
+        if self._depth() == 0:
+            yield
+            return
+        with self._cv:
+            self._workers -= 1
+            self._cv.notify_all()  # the others may now all be blocked
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._workers += 1
 
     @contextlib.contextmanager
     def expect_workers(self, total: int, concurrency: int | None = None) -> Iterator[None]:

@@ -8,12 +8,13 @@ running at once are sampled in one batch.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trivium.models.chat import char_budget, last_chars, message_chars, render_ids
-from trivium.models.protocol import Generation, SamplingParams
+from trivium.models.protocol import Generation, SamplingParams, TaskCancelled
 
 
 class WorkflowTimeoutError(TimeoutError):
@@ -44,6 +45,7 @@ class ModelHandle:
         deadline: float | None = None,
         on_long_prompt: str = "error",
         deadline_set_by: str = "explorer.workflow_timeout_s",
+        cancelled: threading.Event | None = None,
     ):
         if on_long_prompt not in LONG_PROMPT_POLICIES:
             raise ValueError(f"on_long_prompt={on_long_prompt!r}: use one of {LONG_PROMPT_POLICIES}")
@@ -52,6 +54,7 @@ class ModelHandle:
         self.order_key = order_key
         self.deadline = deadline  # time.monotonic() after which model calls raise WorkflowTimeoutError
         self.deadline_set_by = deadline_set_by  # what set it, for the error
+        self.cancelled = cancelled  # set when the explorer goes ahead without this task (over-rollout)
         self.on_long_prompt = on_long_prompt  # the task set's on_long_row
         self.truncated_prompts = 0  # prompts cut to fit the context (on_long_prompt "truncate")
 
@@ -98,6 +101,8 @@ class ModelHandle:
     def generate_many(self, prompts: Sequence[Sequence[int]], **overrides: Any) -> list[list[Generation]]:
         """``params.n`` samples for each of ``prompts`` in one request (e.g. the episodes of one task
         stepping together); ``out[i]`` belongs to ``prompts[i]``."""
+        if self.cancelled is not None and self.cancelled.is_set():
+            raise TaskCancelled("the explorer went ahead without this task (explorer.over_rollout)")
         if self.deadline is not None and time.monotonic() > self.deadline:
             raise WorkflowTimeoutError(
                 f"the workflow ran past its time limit ({self.deadline_set_by}); this run is stopped at its "

@@ -28,12 +28,18 @@ __all__ = [
     "Generation",
     "RolloutModel",
     "SamplingParams",
+    "TaskCancelled",
     "check_prompts",
     "checked_state_dict",
     "eos_token_ids",
 ]
 
 FinishReason = Literal["eos", "stop", "length"]
+
+
+class TaskCancelled(Exception):
+    """The explorer went ahead without this task (``explorer.over_rollout``): raised in its workflow at the
+    next model or environment call; the task is dropped, not failed."""
 
 
 @dataclass(frozen=True)
