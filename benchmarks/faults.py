@@ -26,76 +26,43 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-import yaml
-
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-QUICKSTART = REPO / "examples" / "quickstart" / "grpo_word_problems.yaml"
-DATA = REPO / "examples" / "quickstart" / "data"
-
-
-def grpo_shape() -> tuple[int, int]:
-    """Tasks per step and samples per task of the quickstart's GRPO stage, which these runs use."""
-    grpo = yaml.safe_load(QUICKSTART.read_text())["stages"][1]["buffer"]
-    return grpo["batch_size"], grpo["taskset"]["repeat_times"]
+sys.path.insert(0, str(REPO / "benchmarks"))
+from quickstart_grpo import grpo_config, grpo_shape, summary, total, write  # noqa: E402
+from quickstart_grpo import run as run_config  # noqa: E402
 
 
 def config(model: Path, work: Path, name: str, seed: int, args, faults: dict | None) -> Path:
-    cfg = yaml.safe_load(QUICKSTART.read_text())
-    grpo = cfg["stages"][1]
-    cfg.update(project="bench-faults", name=name, checkpoint_root=str(work), seed=seed)
-    cfg["model"] = {"path": str(model)}
-    cfg["monitor"] = {"progress_bar": False}
-    cfg["runtime"] = {"num_threads": args.threads}
-    cfg["buffer"]["eval_tasksets"] = [{"path": str(DATA / "test.jsonl"), "name": "test"}]
-    cfg["explorer"].update(workflow_timeout_s=args.timeout, eval_interval=0, max_retries=args.retries)
-    grpo["buffer"]["taskset"]["path"] = str(DATA / "train.jsonl")
-    grpo["buffer"]["total_steps"] = args.steps
-    grpo["explorer"]["eval_at_start"] = True
-    grpo["trainer"]["save_interval"] = 0
+    cfg, _ = grpo_config(
+        model, work, project="bench-faults", name=name, seed=seed, threads=args.threads, steps=args.steps
+    )
+    cfg["explorer"].update(workflow_timeout_s=args.timeout, max_retries=args.retries)
     if faults:
         cfg["faults"] = {"seed": seed, **faults}
-    cfg["stages"] = [grpo]
-    path = work / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return write(cfg, work)
 
 
-def run(path: Path, folder: Path) -> dict:
-    t0 = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "trivium.cli", "run", "-c", str(path), "--overwrite"],
-        capture_output=True,
-        text=True,
-    )
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise RuntimeError(f"{path.name} failed:\n{proc.stderr[-3000:]}")
-    records = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    steps = [r for r in records if "train/loss" in r or "train/skipped_steps" in r]
-    evals = [r for r in records if "eval/test/accuracy" in r]
-    failures = folder / "failures.jsonl"
-
-    def total(key: str) -> int:
-        return int(sum(r.get(key, 0) for r in steps))
-
+def run(path: Path) -> dict:
+    records, wall = run_config(path)
+    steps, row = summary(records)
+    failures = path.parent / "bench-faults" / path.stem / "failures.jsonl"
+    keys = ("rollout/tasks", "rollout/failed_tasks", "rollout/retries", "faults/workflow_raise")
+    tasks, failed, retries, raised = (total(steps, k) for k in keys)
     return {
-        "steps": len(steps),
-        "start_accuracy": evals[0]["eval/test/accuracy"],
-        "final_accuracy": evals[-1]["eval/test/accuracy"],
-        "tasks": total("rollout/tasks"),
-        "failed_tasks": total("rollout/failed_tasks"),
-        "retries": total("rollout/retries"),
-        "injected_raise": total("faults/workflow_raise"),
-        "injected_hang": total("faults/workflow_hang"),
+        **row,
+        "tasks": tasks,
+        "failed_tasks": failed,
+        "retries": retries,
+        "injected_raise": raised,
+        "injected_hang": total(steps, "faults/workflow_hang"),
         "failure_records": len(failures.read_text().splitlines()) if failures.exists() else 0,
-        "experiences_sampled": total("rollout/experiences"),
-        "experiences_trained": total("train/sequences"),
+        "experiences_sampled": total(steps, "rollout/experiences"),
+        "experiences_trained": total(steps, "train/sequences"),
         "wall_s": round(wall, 1),
     }
 
@@ -141,7 +108,7 @@ def main() -> int:
         for kind, section in (("clean", None), ("faulty", faults)):
             name = f"{kind}-s{seed}"
             before = load_average()
-            row = run(config(model, work, name, seed, args, section), work / "bench-faults" / name)
+            row = run(config(model, work, name, seed, args, section))
             row.update(kind=kind, seed=seed, load_before=before, load_after=load_average())
             rows.append(row)
             print(json.dumps(row), flush=True)

@@ -33,6 +33,9 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 QUICKSTART = REPO / "examples" / "quickstart" / "grpo_word_problems.yaml"
 DATA = REPO / "examples" / "quickstart" / "data"
+sys.path.insert(0, str(REPO / "benchmarks"))
+import quickstart_grpo  # noqa: E402
+from quickstart_grpo import grpo_shape  # noqa: E402
 
 
 def _absolute(cfg: dict) -> dict:
@@ -65,33 +68,17 @@ def sft_model(work: Path, steps: int) -> Path:
     return done
 
 
-def grpo_shape() -> tuple[int, int]:
-    """Tasks per step and samples per task of the quickstart's GRPO stage, which these runs use."""
-    grpo = yaml.safe_load(QUICKSTART.read_text())["stages"][1]["buffer"]
-    return grpo["batch_size"], grpo["taskset"]["repeat_times"]
-
-
 def grpo_config(model: Path, work: Path, name: str, seed: int, selector: str, args) -> Path:
-    cfg = _absolute(yaml.safe_load(QUICKSTART.read_text()))
-    grpo = cfg["stages"][1]
-    cfg.update(project="bench-selection", name=name, checkpoint_root=str(work), seed=seed)
-    cfg["model"] = {"path": str(model)}
-    cfg["monitor"] = {"progress_bar": False}
-    cfg["runtime"] = {"num_threads": args.threads}
+    cfg, grpo = quickstart_grpo.grpo_config(
+        model, work, project="bench-selection", name=name, seed=seed, threads=args.threads, steps=args.steps
+    )
     cfg["explorer"]["eval_interval"] = args.eval_every
-    grpo["buffer"]["taskset"]["path"] = str(DATA / "train.jsonl")
-    grpo["buffer"]["total_steps"] = args.steps
     grpo["buffer"]["selector"] = selector
     if selector == "online_difficulty" and args.selector_args:
         grpo["buffer"]["selector_args"] = json.loads(args.selector_args)
     if args.max_rows:
         grpo["buffer"]["taskset"]["max_rows"] = args.max_rows
-    grpo["explorer"]["eval_at_start"] = True
-    grpo["trainer"]["save_interval"] = 0
-    cfg["stages"] = [grpo]
-    path = work / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return quickstart_grpo.write(cfg, work)
 
 
 def start(path: Path) -> tuple[subprocess.Popen, float]:

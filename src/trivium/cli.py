@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,6 +49,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", help="YAML config file")
     _add_set(p)
     p.set_defaults(func=_cmd_doctor)
+
+    p = sub.add_parser(
+        "debug",
+        help="run one task through the configured workflow and reward, and show what the trainer would see",
+    )
+    p.add_argument("--config", "-c", required=True, help="YAML config file")
+    p.add_argument("--stage", help="the stage to debug (default: the first that explores a task set)")
+    p.add_argument("--task", type=int, default=0, help="row of the stage's task set (default 0)")
+    p.add_argument(
+        "--prompt", help="your own question instead of the row's (workflows with a question field)"
+    )
+    p.add_argument("--n", type=int, help="samples (default: the task set's repeat_times)")
+    p.add_argument("--pdb", action="store_true", help="run the workflow here and stop in pdb when it raises")
+    p.add_argument("--out", help="write the experiences as trajectory records (JSONL, Studio's viewer)")
+    _add_set(p)
+    p.set_defaults(func=_cmd_debug)
 
     p = sub.add_parser(
         "bench", help="evaluate a config's base model and checkpoints (mode bench, short form)"
@@ -178,14 +195,21 @@ def _add_set(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _cmd_run(args) -> int:
+def _load(args, given_as: str = "the path after --config (-c)"):
+    """The config ``args.config`` with ``--set`` overrides, or None after printing its problems."""
     from trivium.config import ConfigError
     from trivium.validation import load_config
 
     try:
-        run_cfg = load_config(args.config, args.overrides, given_as="the path after --config (-c)")
+        return load_config(args.config, args.overrides, given_as=given_as)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
+        return None
+
+
+def _cmd_run(args) -> int:
+    run_cfg = _load(args)
+    if run_cfg is None:
         return 2
     from trivium.buffer.task_reader import TaskDataError
     from trivium.launch.loop import EvalFailed
@@ -214,6 +238,25 @@ def _cmd_run(args) -> int:
         return 130 if "SIGINT" in str(exc) else 143
     print(f"run folder: {run_dir}  (plot it: trivium plot {run_dir})")
     return 0
+
+
+def _cmd_debug(args) -> int:
+    run_cfg = _load(args)
+    if run_cfg is None:
+        return 2
+    from trivium.launch.debug import debug_stage
+
+    if args.n is not None and args.n < 1:
+        print(f"--n {args.n}: ask for at least one sample", file=sys.stderr)
+        return 2
+    out = None if args.out is None else Path(args.out)
+    try:
+        return debug_stage(
+            run_cfg, stage=args.stage, task=args.task, prompt=args.prompt, n=args.n, use_pdb=args.pdb, out=out
+        )
+    except ValueError as exc:  # a stage, task or prompt this config does not have: the message says which
+        print(f"trivium debug: {exc}", file=sys.stderr)
+        return 2
 
 
 def _cmd_check(args) -> int:

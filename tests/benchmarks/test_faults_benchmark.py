@@ -26,7 +26,7 @@ def test_a_faulty_pair_member_reports_its_failures_and_trains_every_good_experie
     args = argparse.Namespace(steps=2, timeout=1.0, threads=1, retries=0)
     faults = {"workflow_raise": 0.3, "workflow_hang": 0.05}
     path = bench.config(tiny_model_dir, tmp_path, "faulty-s0", 0, args, faults)
-    row = bench.run(path, tmp_path / "bench-faults" / "faulty-s0")
+    row = bench.run(path)
     tasks, group = bench.grpo_shape()  # the quickstart's GRPO stage: tasks per step, samples per task
     assert row["steps"] == 2 and row["tasks"] == 2 * tasks
     assert row["failed_tasks"] == row["injected_raise"] + row["injected_hang"] == row["failure_records"] > 0

@@ -338,7 +338,9 @@ class Explorer:
             with self.model.worker(), self._running(task):
                 t0 = time.monotonic()
                 deadline = t0 + timeout if timeout else None
-                away = None if cancelled is None else self.model.away  # over-rollout: no hostage batches
+                # tail control on (over-rollout, a dynamic limit): a task in an environment call does not hold
+                # the others' model batch (their durations are their own, not the slowest task's)
+                away = self.model.away if cancelled is not None or self.timeouts.ratio else None
                 with task_deadline(deadline, set_by, cancelled, away):  # its environment calls end by it too
                     result = self._attempts(
                         task, order, dataclasses.replace(params, n=n), deadline, set_by, cancelled
