@@ -4,7 +4,7 @@
 The layers, from the ground up; a module may import its own folder and the layers below it, never above:
 
     0  types, registry, faults, net, jsontext,    the words every part speaks
-       files
+       files, threads
     1  config                                     the schema and its loading
     2  algorithm, models, tools                   pure functions, rollout engines, tool calls
     3  serve                                      the OpenAI-compatible endpoint over a rollout model
@@ -32,7 +32,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 LAYERS = [
-    {"types", "registry", "faults", "net", "jsontext", "files", ""},  # "" is trivium/__init__.py
+    {"types", "registry", "faults", "net", "jsontext", "files", "threads", ""},  # "" is trivium/__init__.py
     {"config"},
     {"algorithm", "models", "tools"},
     {"serve"},

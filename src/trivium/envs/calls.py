@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import ctypes
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -35,16 +34,13 @@ from typing import Any
 
 from trivium import faults
 from trivium.models.protocol import TaskCancelled
+from trivium.threads import EnvStopped, stop_thread
 
 __all__ = ["EnvStopped", "EnvTimeoutError", "call_with_timeout", "hung_calls", "task_deadline"]
 
 
 class EnvTimeoutError(TimeoutError):
     """An environment call did not return within ``env_timeout_s``; its episode fails."""
-
-
-class EnvStopped(BaseException):
-    """Raised inside an environment call's thread after the call overran its time limit."""
 
 
 @dataclass(frozen=True)
@@ -145,16 +141,6 @@ def call_with_timeout(
     if "error" in box:
         raise box["error"]
     return box.get("value")
-
-
-def stop_thread(thread: threading.Thread) -> bool:
-    """Raise ``EnvStopped`` in ``thread`` at its next bytecode; False when it is no longer running."""
-    if thread.ident is None or not thread.is_alive():
-        return False
-    done = ctypes.pythonapi.PyThreadState_SetAsyncExc(
-        ctypes.c_ulong(thread.ident), ctypes.py_object(EnvStopped)
-    )
-    return done == 1
 
 
 def hung_calls() -> list[tuple[str, float]]:

@@ -29,8 +29,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from trivium.envs.calls import stop_thread
 from trivium.rewards.registry import RewardResult, get_reward_fn
+from trivium.threads import stop_thread
 from trivium.types import Task
 
 __all__ = ["FAILURE_COUNTS", "guarded_reward", "reward_for"]
