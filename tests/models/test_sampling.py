@@ -10,7 +10,7 @@ import torch
 
 from trivium.models.loading import load_tokenizer
 from trivium.models.protocol import Generation, SamplingParams
-from trivium.models.sampling import filter_top_k_top_p, sample_next
+from trivium.models.sampling import DRAW_BLOCK, draw, filter_top_k_top_p, sample_next
 from trivium.models.stopping import StopChecker
 
 
@@ -70,6 +70,37 @@ def test_sample_next_reports_unfiltered_logprobs() -> None:
     greedy, greedy_lp = sample_next(logits, SamplingParams(temperature=0), g)
     assert torch.equal(greedy, logits.argmax(-1))
     assert torch.allclose(greedy_lp, logits.log_softmax(-1).max(-1).values)
+
+
+@pytest.mark.parametrize("vocab", [DRAW_BLOCK * 3 + 17, 151_936])
+def test_the_two_level_draw_has_the_rows_distribution(vocab: int) -> None:
+    """Mass in the first block, the middle, across a block edge and in the last (partial) block, zeros
+    between: 50k draws land on each token at its probability (5 sigma), never on a zero."""
+    places = [0, 5, DRAW_BLOCK - 1, DRAW_BLOCK, 2 * DRAW_BLOCK + 9, vocab - 1]
+    weights = torch.tensor([0.1, 0.25, 0.05, 0.3, 0.2, 0.1])
+    chunk, chunks = 250, 200
+    probs = torch.zeros(chunk, vocab)
+    probs[:, places] = weights * 3.0  # rows need not sum to 1
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.cat([draw(probs, g) for _ in range(chunks)])
+    counts = torch.bincount(tokens, minlength=vocab).double()
+    assert counts[places].sum() == chunk * chunks  # nothing outside the support
+    sigma = (weights * (1 - weights) / (chunk * chunks)).sqrt()
+    assert ((counts[places] / (chunk * chunks) - weights).abs() <= 5 * sigma).all(), counts[places]
+
+
+def test_the_draw_is_reproducible_and_follows_softmax_rows_at_a_large_vocabulary() -> None:
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(8, 151_936, generator=g) * 4
+    probs = logits.softmax(-1)
+    a = draw(probs, torch.Generator().manual_seed(7))
+    assert torch.equal(a, draw(probs, torch.Generator().manual_seed(7)))
+    row = probs[:1].repeat(250, 1)  # one row drawn 50k times: its top tokens' frequencies
+    many = torch.cat([draw(row, g) for _ in range(200)])
+    top = probs[0].topk(3)
+    freq = torch.bincount(many, minlength=probs.size(1))[top.indices].double() / many.numel()
+    sigma = (top.values * (1 - top.values) / many.numel()).sqrt()
+    assert ((freq - top.values).abs() <= 5 * sigma).all(), (freq, top.values)
 
 
 def test_stop_checker_precedence_and_text(tiny_dir: Path) -> None:
