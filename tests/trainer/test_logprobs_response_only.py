@@ -150,3 +150,45 @@ def test_a_step_reports_its_phases(policy, tokenizer):
     } <= phases
     parts = sum(v for k, v in metrics.items() if k.startswith("time/") and k != "time/train")
     assert 0 < parts <= metrics["time/train"]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_chunked_head_gives_the_full_heads_values_and_gradients(monkeypatch, temperature):
+    """A head with a bias, seven chunks of 3 tokens (the last one short), under bf16 autocast too: the
+    same log-probs and the same gradients for the hidden states, the weight and the bias as autograd
+    through the whole [N, V] log-softmax."""
+    import trivium.trainer.logprobs as logprobs
+
+    monkeypatch.setattr(logprobs, "HEAD_CHUNK_VALUES", 3 * 50)  # 3 tokens a chunk at V = 50
+    g = torch.Generator().manual_seed(0)
+    head = torch.nn.Linear(16, 50)
+    hidden = torch.randn(20, 16, generator=g, requires_grad=True)
+    targets = torch.randint(0, 50, (20,), generator=g)
+    upstream = torch.randn(20, generator=g)
+    assert logprobs.chunkable(head)
+    results = []
+    for chunked in (True, False):
+        head.zero_grad()
+        hidden.grad = None
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if chunked:
+                lp = logprobs.chunked_logprobs(hidden, head.weight, head.bias, targets, temperature)
+            else:
+                logits = logprobs.project_fp32(head, hidden) / temperature
+                lp = logits.log_softmax(-1).gather(1, targets[:, None]).squeeze(1)
+        (lp * upstream).sum().backward()
+        results.append((lp.detach(), hidden.grad.clone(), head.weight.grad.clone(), head.bias.grad.clone()))
+    for ours, reference in zip(*results):
+        assert ours.dtype == torch.float32
+        assert torch.allclose(ours, reference, atol=1e-5), (ours - reference).abs().max()
+
+
+def test_heads_the_chunked_path_cannot_stand_for_take_the_plain_one(policy):
+    head = policy.get_output_embeddings()
+    from trivium.trainer.logprobs import chunkable
+
+    assert chunkable(head)
+    assert not chunkable(head.to(torch.bfloat16))  # no float32 master weights
+    handle = head.register_forward_hook(lambda *a: None)
+    assert not chunkable(head)  # a hook would be skipped
+    handle.remove()

@@ -65,6 +65,7 @@ def model_and_tokenizer(cfg):
         head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
         intermediate=c.intermediate_size,
         vocab=c.vocab_size,
+        tied=bool(getattr(c, "tie_word_embeddings", False)),
     )
     return shape, model, tokenizer
 
@@ -150,7 +151,7 @@ def stage_facts(stage, index: int, count: int) -> StageFacts:
         lines.append(f"  precision    {precision.describe(t.precision)}")
     if not trains:  # the engine takes the policy over (no copy): its weights, KV cache and prefill only
         est.parts.pop("trainer")
-        est.steady, est.train_transient = est.parts["rollout"]["weights"], 0.0
+        est.steady, est.train_transient, est.heap = est.parts["rollout"]["weights"], 0.0, 0.0
     lines += memory_lines(shape, shapes, est, cfg)
     return StageFacts(stage.name, lines, shapes, est, total)
 
@@ -273,6 +274,7 @@ def _shapes(cfg, preset, shape, model, tokenizer, batch: _Batch, fullest_rows: i
         in_flight=in_flight,
         rollout_seq=rollout_seq,
         trainable=trainable,
+        head_chunk=head_chunk_tokens(model, cfg, a.entropy_coef > 0),
         frozen_copies=1 if needs_ref and cfg.model.lora is None else 0,
         critic=preset.needs_critic,
         rollout_engine=in_flight > 0 and r.engine_type == "transformers" and in_driver,
@@ -287,6 +289,17 @@ def projects_loss_tokens_only(model) -> bool:
     from trivium.trainer.logprobs import output_head
 
     return output_head(model) is not None
+
+
+def head_chunk_tokens(model, cfg, entropy: bool) -> int:
+    """Loss tokens per chunk of the trainer's vocabulary head for this model (``ChunkedLogProbs``), 0 where
+    it takes the whole ``[N, V]`` path: an entropy bonus, a head without float32 weights."""
+    from trivium.trainer.logprobs import HEAD_CHUNK_VALUES, chunkable, output_head
+
+    head = output_head(model)
+    if entropy or head is None or cfg.model.dtype != "float32" or not chunkable(head):
+        return 0
+    return max(1, HEAD_CHUNK_VALUES // model.config.vocab_size)
 
 
 def trainer_precision(cfg):
@@ -319,7 +332,9 @@ def memory_lines(shape: ModelShape, shapes: Shapes, est: Estimate, cfg) -> list[
         lines.append(f"    {note}: " + ", ".join(f"{k} {mib(v)}" for k, v in parts.items()))
     how = "sampling and training at once" if est.overlap else "the larger of training and sampling"
     lines.append(
-        f"    peak       {mib(est.peak)}: weights and optimizer state {mib(est.steady)} + {how} "
+        f"    peak       {mib(est.peak)}: weights and optimizer state {mib(est.steady)} + "
+        + (f"the steps' heap {mib(est.heap)} + " if est.heap else "")
+        + f"{how} "
         f"(training {mib(est.train_transient)}, sampling {mib(est.rollout_transient)})"
     )
     return lines
@@ -331,5 +346,5 @@ def explain(run_cfg) -> tuple[str, list[StageFacts]]:
     text = "\n\n".join("\n".join(f.lines) for f in facts)
     peaks = [f.estimate.peak for f in facts if f.estimate is not None]
     if peaks:
-        text += f"\n\nrun peak (largest stage): {mib(max(peaks))} of tensors; the process adds its libraries."
+        text += f"\n\nrun peak (largest stage): {mib(max(peaks))} of tensors and heap; the process adds its libraries."
     return text, facts

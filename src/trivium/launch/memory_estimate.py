@@ -4,11 +4,14 @@ Every figure is bytes of tensors, counted from shapes and dtypes (docs/observabi
 
 - trainer: the policy's weights, its gradients (trainable weights, model dtype), AdamW's two moments (model
   dtype), frozen copies (reference model), and the activations one micro-batch keeps for its backward pass:
-  per token and decoder layer ``ACT_PER_TOKEN_LAYER`` vectors (below), plus the head's logits: the logits,
-  their gradient and the softmax of the log-prob in float32 (3 x loss tokens x vocab). Only the positions
-  that predict a loss token (the response) go through the head (``trainer/logprobs.py``), so at 32k-152k
-  vocabularies and long prompts this is the response's share, not the whole row's; a model the trainer
-  cannot project that way (logit soft-capping, no ``logits_to_keep``) gets logits for every position;
+  per token and decoder layer ``ACT_PER_TOKEN_LAYER`` vectors (below), plus the head's logits. Only the
+  positions that predict a loss token (the response) go through the head (``trainer/logprobs.py``), a chunk
+  of ``HEAD_CHUNK_VALUES`` logits at a time where the head allows it (``ChunkedLogProbs``: one chunk's
+  float32 logits, turned into their gradient in place); otherwise (an entropy bonus, a bf16 head)
+  the logits, their gradient and the softmax in float32 for every loss token (3 x loss tokens x vocab);
+  a model the trainer cannot project that way (logit soft-capping, no ``logits_to_keep``) gets logits
+  for every position. Tied embeddings add one more ``vocab x hidden`` gradient while the head's and the
+  embedding's parts of the shared matrix's gradient are summed;
 - rollout (transformers engine, in the same process): its own copy of the weights (rollout dtype), the KV
   cache of every sequence in flight at its longest (2 x layers x kv width x tokens), and the prefill's
   activations (one layer's MLP at a time, logits of the last position only);
@@ -35,6 +38,12 @@ from dataclasses import dataclass, field
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
+# What the first train steps leave in the process beyond its tensors: tensors under 64 KiB come from
+# malloc's heap, which keeps the pages it freed, plus the steps' Python objects. Measured as the growth of RSS
+# across the first steps, less the optimizer state, at the ladder's 1M-25M rungs (benchmarks/ladder.py):
+# 26-35 MiB; a constant, so it only matters for small models.
+STEP_HEAP = 32 * 2**20
+
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -48,6 +57,7 @@ class ModelShape:
     head_dim: int
     intermediate: int
     vocab: int
+    tied: bool = False  # the head shares the embedding matrix
 
     @property
     def kv_width(self) -> int:
@@ -81,6 +91,7 @@ class Shapes:
     critic: bool = False
     rollout_engine: bool = True  # a transformers engine in this process
     overlap: bool = False  # sampling and training at the same time (sync_offset > 0)
+    head_chunk: int = 0  # loss tokens per chunk of the vocabulary head (ChunkedLogProbs); 0: not chunked
 
 
 @dataclass
@@ -89,6 +100,7 @@ class Estimate:
 
     parts: dict[str, dict[str, float]] = field(default_factory=dict)  # role -> part -> bytes
     steady: float = 0.0  # weights and optimizer state: there the whole step
+    heap: float = 0.0  # what the train steps leave in malloc's heap (STEP_HEAP)
     train_transient: float = 0.0  # gradients and activations, while training
     rollout_transient: float = 0.0  # KV cache and prefill, while sampling
     overlap: bool = False  # sampling and training at the same time
@@ -96,8 +108,8 @@ class Estimate:
     @property
     def peak(self) -> float:
         if self.overlap:
-            return self.steady + self.train_transient + self.rollout_transient
-        return self.steady + max(self.train_transient, self.rollout_transient)
+            return self.steady + self.heap + self.train_transient + self.rollout_transient
+        return self.steady + self.heap + max(self.train_transient, self.rollout_transient)
 
 
 def estimate(
@@ -114,13 +126,19 @@ def estimate(
     wb, rb = DTYPE_BYTES[model_dtype], DTYPE_BYTES[rollout_dtype]
     tokens = s.rows_per_micro * s.seq_len
     act = tokens * shape.layers * shape.act_bytes_per_token_layer(wb, autocast)
-    # logits, their gradient, the log-softmax's exp: float32, at the loss tokens only
-    head = 3 * s.rows_per_micro * min(s.loss_tokens, s.seq_len) * shape.vocab * 4
+    head_tokens = s.rows_per_micro * min(s.loss_tokens, s.seq_len)
+    if s.head_chunk:  # one chunk's logits, float32 (measured: log-sum-exp adds no second copy)
+        head = min(head_tokens, s.head_chunk) * shape.vocab * 4
+    else:  # logits, their gradient, the log-softmax's exp: float32, at the loss tokens only
+        head = 3 * head_tokens * shape.vocab * 4
+    if shape.tied and s.trainable >= shape.params:  # the shared matrix's second gradient, while it is added
+        head += shape.vocab * shape.hidden * wb / shards
     trainer = {
         "weights": shape.params * wb * (1 / shards + s.frozen_copies),
         "gradients": s.trainable * wb / shards,
         "optimizer state": 2 * s.trainable * wb / shards,
         "activations": act + head,
+        "step heap": STEP_HEAP,
     }
     if s.critic:  # PPO's value model, the policy's size: weights, gradients and AdamW's two moments (its
         trainer["critic"] = shape.params * wb * 4  # activations, a pass like the policy's, are not counted)
@@ -128,6 +146,7 @@ def estimate(
     out.parts["trainer"] = trainer
     # the critic's weights and moments (3 of its 4 parts) stay; its gradients come and go with the policy's
     out.steady = trainer["weights"] + trainer["optimizer state"] + (trainer.get("critic", 0.0) * 0.75)
+    out.heap = trainer["step heap"]
     out.train_transient = trainer["gradients"] + trainer["activations"] + trainer.get("critic", 0.0) * 0.25
     if s.rollout_engine:
         kv = s.in_flight * shape.layers * 2 * shape.kv_width * s.rollout_seq * rb

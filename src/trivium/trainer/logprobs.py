@@ -89,16 +89,98 @@ def _head_logprobs(model, head, batch: TrainBatch, temperature: float, entropy: 
         logits_to_keep=torch.empty(0, dtype=torch.long, device=batch.input_ids.device),
     )
     where = batch.loss_mask[:, 1:]  # [R, L-1]: position t-1 predicts loss token t
-    logits = project_fp32(head, out.hidden_states[-1][:, :-1][where])  # [N, V]
+    hidden, targets = out.hidden_states[-1][:, :-1][where], batch.input_ids[:, 1:][where]  # [N, h], [N]
+    if not entropy and chunkable(head):
+        return _scatter(chunked_logprobs(hidden, head.weight, head.bias, targets, temperature), where), None
+    logits = project_fp32(head, hidden)  # [N, V]
     if temperature != 1.0:
         logits = logits / temperature
-    picked = logits.gather(-1, batch.input_ids[:, 1:][where].unsqueeze(-1)).squeeze(-1)
+    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     lp = _scatter(picked - torch.logsumexp(logits, dim=-1), where)
     if not entropy:
         return lp, None
     from trivium.algorithm.losses_entropy import entropy_from_logits
 
     return lp, _scatter(entropy_from_logits(logits, 1.0), where)
+
+
+def chunkable(head: torch.nn.Module) -> bool:
+    """``chunked_logprobs`` can stand for ``head``: a plain linear layer with float32 (master) weights."""
+    from torch.distributed.tensor import DTensor
+
+    weight = getattr(head, "weight", None)
+    return (
+        isinstance(head, torch.nn.Linear)
+        and type(head).forward is torch.nn.Linear.forward  # no adapter (LoRA) or hook of its own
+        and not (head._forward_hooks or head._forward_pre_hooks)
+        and weight.dtype == torch.float32
+        and not isinstance(weight, DTensor)
+    )
+
+
+def chunked_logprobs(hidden, weight, bias, targets, temperature: float = 1.0) -> torch.Tensor:
+    """``log_softmax(hidden @ weight.T + bias)[n, targets[n]] / T`` per row, float32, differentiable in
+    ``hidden``, ``weight`` and ``bias``, without a ``[N, V]`` tensor: ``HEAD_CHUNK_VALUES`` logits at a time
+    (``ChunkedLogProbs``)."""
+    return ChunkedLogProbs.apply(hidden, weight, bias, targets, float(temperature))
+
+
+HEAD_CHUNK_VALUES = 1 << 24  # logits per chunk (64 MiB in float32): 110 tokens at a 152k vocabulary
+
+
+class ChunkedLogProbs(torch.autograd.Function):
+    """The loss tokens' log-probs through the vocabulary head, a chunk of tokens at a time.
+
+    At a 152k vocabulary the logits of 4,096 loss tokens are 2.5 GB in float32, and autograd's log-softmax
+    keeps them, their exponentials and their gradient: ~10 GB for one micro-batch. Here the forward keeps
+    only each token's log-sum-exp; the backward computes each chunk's logits again (one more
+    ``[C, h] x [h, V]`` product per chunk, a third more of the head's arithmetic) and turns them in place
+    into the gradient ``g * (onehot - softmax) / T``, from which the hidden states' and the head's gradients
+    follow. Peak: one chunk's logits. All arithmetic in float32 (autocast off), as ``project_fp32``."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, temperature):
+        hidden = hidden.float()
+        chunk = max(1, HEAD_CHUNK_VALUES // weight.shape[0])
+        out = hidden.new_empty(hidden.shape[0])
+        lse = hidden.new_empty(hidden.shape[0])
+        with torch.autocast(hidden.device.type, enabled=False):
+            for s in range(0, hidden.shape[0], chunk):
+                logits = _chunk_logits(hidden[s : s + chunk], weight, bias, temperature)
+                lse[s : s + chunk] = torch.logsumexp(logits, dim=-1)
+                out[s : s + chunk] = logits.gather(1, targets[s : s + chunk, None]).squeeze(1)
+        ctx.save_for_backward(hidden, weight, bias, targets, lse)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        return out - lse
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros_like(weight) if need_w else None
+        grad_b = torch.zeros_like(bias) if need_b and bias is not None else None
+        chunk, temperature = ctx.chunk, ctx.temperature
+        with torch.autocast(hidden.device.type, enabled=False):
+            for s in range(0, hidden.shape[0], chunk):
+                g = grad_out[s : s + chunk, None].float()
+                d = _chunk_logits(hidden[s : s + chunk], weight, bias, temperature)
+                d.sub_(lse[s : s + chunk, None]).exp_().mul_(-g)  # -g * softmax
+                d.scatter_add_(1, targets[s : s + chunk, None], g)  # + g * onehot
+                if temperature != 1.0:
+                    d.div_(temperature)
+                if grad_h is not None:
+                    torch.mm(d, weight, out=grad_h[s : s + chunk])
+                if grad_w is not None:
+                    grad_w.addmm_(d.t(), hidden[s : s + chunk])
+                if grad_b is not None:
+                    grad_b.add_(d.sum(0))
+        return grad_h, grad_w, grad_b, None, None
+
+
+def _chunk_logits(hidden, weight, bias, temperature: float) -> torch.Tensor:
+    logits = torch.nn.functional.linear(hidden, weight, bias)
+    return logits.div_(temperature) if temperature != 1.0 else logits
 
 
 def project_fp32(head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
