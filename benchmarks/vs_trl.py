@@ -92,8 +92,9 @@ def run_trl_inline(args) -> None:
     """One TRL run in this process; prints one JSON line per step and a last ``{"summary": ...}``."""
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, PrinterCallback, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from transformers import AutoModelForCausalLM, PrinterCallback
+    from trl import GRPOTrainer
+    from trl_side import clock, grpo_config
 
     from trivium.models.loading import load_tokenizer
     from trivium.rewards.registry import get_reward_fn
@@ -116,21 +117,6 @@ def run_trl_inline(args) -> None:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         return [reward(t, {"answer": a}).reward for t, a in zip(texts, answer)]
 
-    gen = {"s": 0.0, "tokens": 0}
-    plain_generate = model.generate
-
-    def timed_generate(*a, **kw):
-        t0 = time.perf_counter()
-        out = plain_generate(*a, **kw)
-        gen["s"] += time.perf_counter() - t0
-        prompt_len = (kw.get("input_ids") if "input_ids" in kw else a[0]).shape[1]
-        new = out[:, prompt_len:]
-        done = (new == tok.eos_token_id).cumsum(1)  # tokens up to and including the first EOS
-        gen["tokens"] += int(((done == 0) | ((done == 1) & (new == tok.eos_token_id))).sum())
-        return out
-
-    model.generate = timed_generate
-
     @torch.no_grad()
     def evaluate() -> float:
         model.eval()
@@ -150,56 +136,22 @@ def run_trl_inline(args) -> None:
         model.train()
         return right / len(test)
 
-    def emit(d):
-        print(json.dumps(d), flush=True)
+    def eval_row(step: int) -> dict:
+        if step % args.eval_every and step != args.steps:
+            return {}
+        t0 = time.perf_counter()
+        acc = evaluate()
+        return {"eval_acc": acc, "eval_s": time.perf_counter() - t0}
 
-    class Clock(TrainerCallback):
-        def on_step_begin(self, a, state, control, **kw):
-            gen["s"], gen["tokens"], self.t0 = 0.0, 0, time.perf_counter()
-
-        def on_step_end(self, a, state, control, **kw):
-            step_s = time.perf_counter() - self.t0
-            row = {
-                "step": state.global_step,
-                "step_s": step_s,
-                "rollout_s": gen["s"],
-                "tokens": gen["tokens"],
-            }
-            if state.global_step % args.eval_every == 0 or state.global_step == args.steps:
-                t0 = time.perf_counter()
-                row["eval_acc"] = evaluate()
-                row["eval_s"] = time.perf_counter() - t0
-                row["step_s"] += row["eval_s"]
-            emit(row)
-
-    cfg = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="trl-"),
-        seed=0,
-        max_steps=args.steps,
-        per_device_train_batch_size=args.prompts * args.group,
-        gradient_accumulation_steps=1,
-        num_generations=args.group,
-        max_completion_length=args.max_tokens,
-        learning_rate=args.lr,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=0.0,
-        max_grad_norm=1.0,
-        temperature=1.0,
-        top_k=0,
-        top_p=1.0,
-        beta=0.0,
-        loss_type="grpo",
-        shuffle_dataset=False,
-        use_vllm=False,
-        use_cpu=True,
+    step_clock, plain_generate = clock(model, tok, eval_row)
+    cfg = grpo_config(
+        steps=args.steps,
+        prompts=args.prompts,
+        group=args.group,
+        max_tokens=args.max_tokens,
+        lr=args.lr,
         bf16=not args.trl_fp32,
-        gradient_checkpointing=not args.trl_no_checkpointing,  # TRL's default: on (recomputes activations)
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        log_completions=False,
+        checkpointing=not args.trl_no_checkpointing,  # TRL's default: on (recomputes activations)
     )
     trainer = GRPOTrainer(
         model=model,
@@ -207,11 +159,11 @@ def run_trl_inline(args) -> None:
         args=cfg,
         train_dataset=data,
         processing_class=tok,
-        callbacks=[Clock()],
+        callbacks=[step_clock],
     )
     trainer.remove_callback(PrinterCallback)
     trainer.train()
-    emit({"summary": {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}})
+    print(json.dumps({"summary": {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
 
 
 def run_trl(args, work: Path) -> dict:

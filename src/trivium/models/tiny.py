@@ -25,7 +25,7 @@ import torch
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-__all__ = ["CHAT_TEMPLATE", "SPECIAL_TOKENS", "make_tiny"]
+__all__ = ["CHAT_TEMPLATE", "SPECIAL_TOKENS", "byte_level_pipeline", "make_tiny", "wrap_tokenizer"]
 
 PAD, EOS, SYSTEM, USER, ASSISTANT = "<|pad|>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>"
 SPECIAL_TOKENS = (PAD, EOS, SYSTEM, USER, ASSISTANT)
@@ -119,11 +119,25 @@ def build_tokenizer(texts: list[str], vocab_size: int, model_max_length: int) ->
     already isolates every digit (``\\p{N}``). ``unk_token``/``bos_token`` are saved as null, otherwise
     ``Qwen2Tokenizer`` appends an ``<|endoftext|>`` token the model has no embedding for.
     """
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = byte_level_pipeline(Tokenizer(models.BPE()))
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    return wrap_tokenizer(tok, model_max_length)
+
+
+def byte_level_pipeline(tok):
+    """``tok`` (a ``tokenizers.Tokenizer``) with the normaliser, pre-tokeniser and decoder transformers'
+    ``Qwen2Tokenizer`` rebuilds (see ``build_tokenizer``)."""
+    from tokenizers import Regex, decoders, normalizers, pre_tokenizers
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
-    tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -132,13 +146,14 @@ def build_tokenizer(texts: list[str], vocab_size: int, model_max_length: int) ->
         ]
     )
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts, trainer)
+    return tok
+
+
+def wrap_tokenizer(tok, model_max_length: int) -> PreTrainedTokenizerFast:
+    """A ``tokenizers.Tokenizer`` holding ``SPECIAL_TOKENS`` as a transformers tokenizer: pad, eos, the role
+    tokens and the chat template."""
+    from transformers import PreTrainedTokenizerFast
+
     wrapped = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         pad_token=PAD,

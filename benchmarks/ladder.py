@@ -1,0 +1,376 @@
+"""Cost at real shapes: Trivium and TRL's GRPOTrainer side by side over a ladder of model sizes and lengths.
+
+    pip install -e '.[bench]'                        # TRL
+    python benchmarks/ladder.py --quick              # CI's slow test: 2 small rungs, ~2 min
+    python benchmarks/ladder.py                      # every rung (~1 h on 2 CPU cores)
+    python benchmarks/ladder.py --rungs 25M@128 25M@1k --steps 3
+
+Each rung is a model shape and a length (prompt + response tokens). Models are random-initialised
+(``ladder_parts.py``): speed and memory do not need a trained model. Both frameworks get the same model
+folder, prompts, reward (``ladder_parts.letter_reward``), group size, response length and one update per
+batch (no KL, constant lr), each in its own process, alternating; a rung's first step is dropped (warm-up)
+and the median of the others is reported. Each at its best settings: TRL with bf16 (``--trl-fp32`` turns it
+off) and without gradient checkpointing (its fastest); Trivium with what it chooses itself
+(``trainer.precision: auto``, micro-batches of its token budget); ``--set KEY=VALUE`` adds Trivium overrides.
+
+Per run: s/step, rollout and train seconds, generated tokens/s (of the rollout phase), trained tokens/s (of
+the train phase), peak RSS, and for Trivium ``trivium doctor``'s estimate against the peak tensor memory of
+a third, 2-step run measured as ``tests/launch/peak_rss.py`` does (the tensors live at the first step plus
+what the steps add at their fullest; not the interpreter and libraries; ``--no-memory`` skips it). The floors are arithmetic: a step's FLOPs (the
+train phase ``6·N·T`` over every token plus ``6·h·V`` at the loss tokens and causal attention; the rollout
+``2·N`` per prompt and generated token plus the head ``2·h·V`` per generated token) over this machine's
+matmul rate in the phase's dtype, measured at the start (2048² matmuls, all threads).
+
+Writes ``benchmarks/results/ladder.md``, ``ladder.json`` and ``ladder.png`` (``--out`` another prefix).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+sys.path.insert(0, str(REPO))
+from ladder_parts import SHAPES, make_model, make_prompts  # noqa: E402
+from tests.launch.peak_rss import measure  # noqa: E402  (the doctor test's measure of peak tensor memory)
+
+# rung: (shape, prompt tokens, response tokens, prompts per step, group size)
+RUNGS = {
+    "1M@64": ("1M", 40, 24, 16, 8),  # the quickstart's shape and lengths
+    "25M@128": ("25M", 32, 96, 8, 8),
+    "25M@1k": ("25M", 896, 128, 4, 4),
+    "25M@4k": ("25M", 3968, 128, 2, 2),
+    "100M@128": ("100M", 32, 96, 8, 8),
+    "0.5B@128": ("0.5B", 32, 96, 4, 4),
+    "0.5B@1k": ("0.5B", 896, 128, 2, 2),
+    "0.5B@4k": ("0.5B", 3968, 128, 1, 2),
+    "ci-152k@256": ("ci-152k", 192, 64, 2, 4),
+}
+QUICK = ["1M@64", "ci-152k@256"]
+FULL = [r for r in RUNGS if not r.startswith("ci-")]
+
+
+# --- the machine's arithmetic rate ------------------------------------------------------------------------
+def matmul_rate() -> dict[str, float]:
+    """FLOP/s of a 2048² matmul on all threads, fp32 and bf16 (median of 5 after a warm-up)."""
+    import torch
+
+    out = {}
+    for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        a = torch.randn(2048, 2048, dtype=dtype)
+        b = torch.randn(2048, 2048, dtype=dtype)
+        a @ b
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            a @ b
+            times.append(time.perf_counter() - t0)
+        out[name] = 2 * 2048**3 / statistics.median(times)
+    return out
+
+
+def shape_numbers(shape: str) -> dict[str, int]:
+    """Parameters (all, and without the tied embedding) of a shape, counted on the meta device."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    hidden, layers, heads, kv, inter, vocab = SHAPES[shape]
+    cfg = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        tie_word_embeddings=True,
+    )
+    with torch.device("meta"):
+        params = sum(p.numel() for p in Qwen2ForCausalLM(cfg).parameters())
+    return {
+        "params": params,
+        "body": params - vocab * hidden,
+        "hidden": hidden,
+        "layers": layers,
+        "vocab": vocab,
+    }
+
+
+def floors(rung: str, run: dict, rate: dict[str, float], train_dtype: str, rollout_dtype: str) -> dict:
+    """Arithmetic floors (seconds) of the run's rollout and train phases (module docstring)."""
+    shape, prompt, _, prompts, group = RUNGS[rung]
+    n = shape_numbers(shape)
+    seqs = prompts * group
+    generated = run["tokens_per_step"]
+    resp = generated / seqs
+    seq = prompt + resp
+    attention = 2 * n["layers"] * seq * seq * n["hidden"]  # causal QK^T and AV, forward, one sequence
+    train = 6 * n["body"] * seqs * seq + 6 * n["hidden"] * n["vocab"] * generated + 3 * attention * seqs
+    rollout = 2 * n["body"] * (seqs * prompt + generated) + 2 * n["hidden"] * n["vocab"] * generated
+    rollout += attention * seqs
+    return {
+        "train_s": train / rate[train_dtype],
+        "rollout_s": rollout / rate[rollout_dtype],
+        "trained_tokens": seqs * seq,
+    }
+
+
+# --- the two sides ----------------------------------------------------------------------------------------
+def run_trl(args, model: Path, data: Path, rung: str) -> dict:
+    _, _, resp, prompts, group = RUNGS[rung]
+    cmd = [sys.executable, str(BENCH / "ladder_parts.py"), "trl", str(model), str(data)]
+    cmd += [str(prompts), str(group), str(resp), str(args.steps), "0" if args.trl_fp32 else "1"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        return {"failed": _why(done)}
+    rows = [json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")]
+    steps = [r for r in rows if "step_s" in r][1:]
+    summary = rows[-1]["summary"]
+    return _summary(
+        [r["step_s"] for r in steps],
+        [r["rollout_s"] for r in steps],
+        [r["step_s"] - r["rollout_s"] for r in steps],
+        [r["tokens"] for r in steps],
+        summary["peak_rss_mb"],
+    )
+
+
+def trivium_config(args, model: Path, data: Path, rung: str, work: Path) -> Path:
+    _, _, resp, prompts, group = RUNGS[rung]
+    cfg = {
+        "project": "ladder",
+        "name": rung,
+        "seed": 0,
+        "checkpoint_root": str(work),
+        "model": {"path": str(model)},
+        "monitor": {"progress_bar": False},
+        "algorithm": {"algorithm_type": "grpo"},
+        "explorer": {
+            "rollout": {"temperature": 1.0, "max_tokens": resp},
+            "eval_at_start": False,
+            "eval_interval": 0,
+        },
+        "buffer": {
+            "batch_size": prompts,
+            "total_steps": args.steps,
+            "taskset": {
+                "path": str(data),
+                "repeat_times": group,
+                "shuffle": False,
+                "reward_fn": "ladder_parts:letter_reward",
+            },
+        },
+        "trainer": {"lr": 1e-5, "save_interval": 0},
+    }
+    path = work / f"{rung}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def doctor_and_dtypes(config: Path, overrides: list[str]) -> tuple[float, str, str]:
+    """``trivium doctor``'s estimate of the run's peak tensor bytes (MiB), and the dtypes the run trains
+    and samples in on this machine (``trainer.precision`` resolved as the run resolves it)."""
+    from trivium.launch.config_doctor import explain
+    from trivium.trainer.precision import resolve
+    from trivium.validation import load_config
+
+    cfg = load_config(config, overrides=overrides)
+    _, facts = explain(cfg)
+    peak = max(f.estimate.peak for f in facts if f.estimate is not None) / 2**20
+    stage = cfg.stages[0].config
+    train = {"bf16": "bfloat16", "fp16": "float16"}.get(
+        resolve(stage.trainer.precision, stage.model).name, "float32"
+    )
+    return peak, train, stage.explorer.rollout.dtype or stage.model.dtype
+
+
+def run_trivium(args, config: Path, work: Path, rung: str) -> dict:
+    sets = [x for kv in args.overrides for x in ("--set", kv)]
+    cmd = [sys.executable, "-m", "trivium.cli", "run", "-c", str(config), "--overwrite", *sets]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        return {"failed": _why(done)}
+    path = work / "ladder" / rung / "metrics.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    rows = [r for r in rows if "time/step" in r]
+    steps = rows[1:]
+    return _summary(
+        [r["time/step"] for r in steps],
+        [r.get("time/rollout", 0.0) for r in steps],
+        [r.get("time/train", 0.0) for r in steps],
+        [r.get("rollout/response_tokens", 0.0) for r in steps],
+        max(r.get("train/peak_rss_mb", 0.0) for r in rows),
+    )
+
+
+def _summary(step_s, rollout_s, train_s, tokens, peak) -> dict:
+    if not step_s:
+        return {"failed": "no timed step (--steps must be >= 2: the first is dropped)"}
+    return {
+        "s_step": statistics.median(step_s),
+        "rollout_s": statistics.median(rollout_s),
+        "train_s": statistics.median(train_s),
+        "tokens_per_step": statistics.mean(tokens),
+        "gen_tok_s": sum(tokens) / max(sum(rollout_s), 1e-9),
+        "peak_rss_mb": peak,
+    }
+
+
+def _why(done: subprocess.CompletedProcess) -> str:
+    if done.returncode < 0 or done.returncode == 137:
+        return f"killed (signal {-done.returncode if done.returncode < 0 else 9}: out of memory?)"
+    tail = [x for x in (done.stderr or "").splitlines() if x.strip()][-1:]
+    return f"exit {done.returncode}: {tail[0][:160] if tail else ''}"
+
+
+# --- the report -------------------------------------------------------------------------------------------
+def rung_result(args, rung: str, work: Path, rate: dict[str, float]) -> dict:
+    """One rung: its model (made once into ``--work``), prompts, both runs, the doctor and the floors."""
+    shape, prompt, _, prompts, _ = RUNGS[rung]
+    model = make_model(shape, Path(args.work).resolve() / "models" / shape)
+    data = make_prompts(model, prompt, prompts * args.steps, work / f"{rung}.jsonl")
+    config = trivium_config(args, model, data, rung, work)
+    out = {"rung": rung, "shape": shape, "params": shape_numbers(shape)["params"]}
+    out["trl"] = run_trl(args, model, data, rung)
+    out["trivium"] = run_trivium(args, config, work, rung)
+    out["doctor_mib"], train_dtype, rollout_dtype = doctor_and_dtypes(config, args.overrides)
+    if not args.no_memory:
+        out["measured_mib"] = measure(config, *args.overrides, "buffer.total_steps=2")["peak_mb"]
+    trl_dtype = "float32" if args.trl_fp32 else "bfloat16"
+    for side, dtypes in (("trl", (trl_dtype, trl_dtype)), ("trivium", (train_dtype, rollout_dtype))):
+        if "failed" not in out[side]:
+            f = floors(rung, out[side], rate, *dtypes)
+            out[side].update(
+                floor_train_s=f["train_s"],
+                floor_rollout_s=f["rollout_s"],
+                train_tok_s=f["trained_tokens"] / max(out[side]["train_s"], 1e-9),
+                dtypes="/".join(SHORT[d] for d in dtypes),
+            )
+    return out
+
+
+SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def table(results: list[dict]) -> list[str]:
+    lines = [
+        "| rung | params | run | dtypes train/rollout | s/step | vs TRL | rollout s (floor) | train s (floor) | "
+        "generated tok/s | trained tok/s | peak RSS MB | doctor / measured |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in results:
+        trl = r["trl"]
+        for side in ("trl", "trivium"):
+            x = r[side]
+            head = f"| {r['rung']} | {r['params'] / 1e6:,.1f}M | {'TRL' if side == 'trl' else 'Trivium'} |"
+            if "failed" in x:
+                lines.append(f"{head} | {x['failed']} | | | | | | | |")
+                continue
+            ratio = f"{x['s_step'] / trl['s_step']:.2f}" if side == "trivium" and "failed" not in trl else ""
+            doctor = ""
+            if side == "trivium" and "measured_mib" in r:
+                got = r["measured_mib"]
+                doctor = f"{r['doctor_mib']:,.0f} / {got:,.0f} = {r['doctor_mib'] / got:.2f}"
+            lines.append(
+                f"{head} {x['dtypes']} | {x['s_step']:.2f} | {ratio} | {x['rollout_s']:.2f} "
+                f"({x['rollout_s'] / x['floor_rollout_s']:.1f}x) | {x['train_s']:.2f} "
+                f"({x['train_s'] / x['floor_train_s']:.1f}x) | {x['gen_tok_s']:,.0f} | {x['train_tok_s']:,.0f} | "
+                f"{x['peak_rss_mb']:,.0f} | {doctor} |"
+            )
+    return lines
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 4, figsize=(18, 8))
+    metrics = [("s_step", "s/step"), ("gen_tok_s", "generated tok/s"), ("train_tok_s", "trained tok/s"),
+               ("peak_rss_mb", "peak RSS MB")]  # fmt: skip
+    by_size = [r for r in results if r["rung"].endswith("@128") or r["rung"] == "1M@64"]
+    by_len = {s: [r for r in results if r["shape"] == s] for s in ("25M", "0.5B")}
+    for col, (key, label) in enumerate(metrics):
+        for side, style in (("trl", "o--"), ("trivium", "s-")):
+            pts = [(r["params"], r[side][key]) for r in by_size if key in r[side]]
+            if pts:
+                axes[0, col].plot(*zip(*pts), style, label=side)
+            for shape, rows in by_len.items():
+                pts = [
+                    (RUNGS[r["rung"]][1] + RUNGS[r["rung"]][2], r[side][key]) for r in rows if key in r[side]
+                ]
+                if pts:
+                    axes[1, col].plot(*zip(*pts), style, label=f"{side} {shape}")
+        axes[0, col].set(xscale="log", xlabel="parameters (~128 tokens)", ylabel=label)
+        axes[1, col].set(xscale="log", xlabel="prompt + response tokens", ylabel=label)
+        axes[0, col].legend(fontsize=7)
+        axes[1, col].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rungs", nargs="*", choices=list(RUNGS), help="default: every rung but the CI one")
+    ap.add_argument("--quick", action="store_true", help=f"rungs {QUICK}, 3 steps")
+    ap.add_argument(
+        "--steps", type=int, help="steps per run, the first dropped (default: 3, and 2 at the 0.5B rungs)"
+    )
+    ap.add_argument("--trl-fp32", action="store_true", help="TRL without bf16")
+    ap.add_argument("--no-memory", action="store_true", help="skip the doctor's check (a third run per rung)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--work", default=str(BENCH / "workdir" / "ladder"), help="models and data (reused)")
+    ap.add_argument(
+        "--out", default=str(BENCH / "results" / "ladder"), help="results prefix (.md .json .png)"
+    )
+    args = ap.parse_args()
+    rungs = QUICK if args.quick else (args.rungs or FULL)
+    # every run imports the reward as ladder_parts:letter_reward
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCH), os.environ.get("PYTHONPATH")]))
+    work = Path(args.work).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    runs = Path(tempfile.mkdtemp(prefix="trivium-ladder-", dir=work))
+    rate = matmul_rate()
+    results = []
+    given = args.steps
+    for rung in rungs:
+        args.steps = given or (2 if RUNGS[rung][0] == "0.5B" else 3)
+        results.append(rung_result(args, rung, runs, rate))
+        print(f"{rung} done", file=sys.stderr, flush=True)
+    when = datetime.date.today().isoformat()
+    head = [
+        f"# benchmarks/ladder.py ({when}, {os.cpu_count()} CPU threads, {platform.processor() or platform.machine()})",
+        "",
+        f"Matmul rate (2048², all threads): fp32 {rate['float32'] / 1e9:.0f} GFLOP/s, "
+        f"bf16 {rate['bfloat16'] / 1e9:.0f} GFLOP/s. {given or '3 (0.5B: 2)'} steps a run, the first dropped. "
+        f"TRL: {'fp32' if args.trl_fp32 else 'bf16'}, no gradient checkpointing. Trivium: its own choices"
+        + (f" + {', '.join(args.overrides)}" if args.overrides else "")
+        + ". Floors: FLOPs over the phase dtype's matmul rate. doctor / measured: `trivium doctor`'s peak "
+        "estimate against the measured peak tensor memory (tests/launch/peak_rss.py, a 2-step run).",
+        "",
+    ]
+    text = "\n".join(head + table(results)) + "\n"
+    print(text)
+    out = Path(args.out)
+    out.with_suffix(".md").write_text(text)
+    out.with_suffix(".json").write_text(json.dumps({"rate": rate, "results": results}, indent=1))
+    plot(results, out.with_suffix(".png"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
