@@ -121,3 +121,58 @@ def test_autocast_context_runs_the_backward_products_in_bf16_too():
     assert w.grad is not None and w.grad.dtype == torch.float32  # the master weight's gradient is fp32
     with bf16_autocast("cpu"):
         assert torch.is_autocast_enabled("cpu")
+
+
+@pytest.mark.parametrize(
+    ("setting", "weights", "fast", "expected"),
+    [
+        (None, torch.float32, "1", torch.float32),  # unset: the policy's dtype
+        (None, torch.bfloat16, "0", torch.bfloat16),
+        ("float32", torch.float32, "1", torch.float32),  # asked for wins over the hardware
+        ("bfloat16", torch.float32, "0", torch.bfloat16),
+        ("auto", torch.float32, "1", torch.bfloat16),  # auto: bf16 where the CPU multiplies it natively
+        ("auto", torch.float32, "0", torch.float32),  # ... and the policy's float32 elsewhere
+        ("auto", torch.float16, "1", torch.float16),  # low-precision weights stay as they are
+    ],
+)
+def test_the_rollout_dtype_for_each_setting_and_machine(monkeypatch, setting, weights, fast, expected):
+    from trivium.models.bf16 import rollout_dtype
+
+    monkeypatch.setenv("TRIVIUM_FAST_BF16", fast)
+    dtype, why = rollout_dtype(setting, weights, "cpu")
+    assert dtype == expected and why
+
+
+def test_auto_rollouts_reach_the_engine_the_doctor_and_check_config(monkeypatch, tiny_model_dir, tmp_path):
+    """On a bf16 machine (forced) ``explorer.rollout.dtype: auto`` builds a bf16 engine, the doctor sizes
+    its weights in bf16, and autocast over them is refused as over bf16 weights."""
+    import yaml
+
+    from trivium.launch import build
+    from trivium.launch.config_doctor import explain
+    from trivium.validation import load_config
+
+    monkeypatch.setenv("TRIVIUM_FAST_BF16", "1")
+    data = tmp_path / "t.jsonl"
+    data.write_text('{"question": "1+1", "answer": "2"}\n' * 4)
+    cfg = {
+        "model": {"path": str(tiny_model_dir)},
+        "explorer": {"rollout": {"dtype": "auto", "max_tokens": 4}},
+        "buffer": {"batch_size": 2, "total_steps": 1, "taskset": {"path": str(data), "repeat_times": 2}},
+    }
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    run_cfg = load_config(tmp_path / "c.yaml")
+    stage = run_cfg.stages[0].config
+    policy = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    from trivium.models.loading import load_tokenizer
+
+    engine = build.build_rollout_model(policy, load_tokenizer(tiny_model_dir), stage, version=0).engine
+    assert engine.weights_dtype == torch.bfloat16
+    text, _ = explain(run_cfg)
+    assert "rollout (bfloat16," in text
+    cfg["explorer"]["rollout"]["autocast_dtype"] = "bfloat16"
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(Exception, match="the engine's weights are already bfloat16"):
+        load_config(tmp_path / "c.yaml")
+    monkeypatch.setenv("TRIVIUM_FAST_BF16", "0")  # elsewhere the same config samples in float32
+    assert load_config(tmp_path / "c.yaml").stages[0].config.explorer.rollout.autocast_dtype == "bfloat16"

@@ -95,10 +95,14 @@ def build_rollout_model(
     the engine already running and loads the policy's weights into it in place (see models/vllm_engine.py).
     """
     from trivium.models.batching import BatchingRolloutModel
+    from trivium.models.bf16 import rollout_dtype
 
     policy, copy_policy = rollout_policy(policy, copy_policy)
     r = cfg.explorer.rollout
     param = next(policy.parameters())
+    dtype, why = rollout_dtype(r.dtype, param.dtype, param.device)
+    if r.dtype == "auto":
+        log.info("explorer.rollout.dtype auto -> %s: %s", str(dtype).removeprefix("torch."), why)
     if r.engine_type == "vllm":
         from trivium.models.vllm_engine import VllmEngine
 
@@ -107,7 +111,7 @@ def build_rollout_model(
             tokenizer,
             version=version,
             seed=cfg.seed,
-            dtype=r.dtype or param.dtype,
+            dtype=dtype,
             kv_cache_gb=r.vllm_kv_cache_gb,
             gpu_memory_utilization=r.vllm_gpu_memory_utilization,
             enforce_eager=r.vllm_enforce_eager,
@@ -124,7 +128,7 @@ def build_rollout_model(
         policy,
         tokenizer,
         device=param.device,
-        dtype=r.dtype or param.dtype,
+        dtype=dtype,
         seed=cfg.seed,
         autocast_dtype=r.autocast_dtype,
     )

@@ -19,6 +19,7 @@ from pathlib import Path
 from trivium.launch.memory_estimate import DTYPE_BYTES, Estimate, ModelShape, Shapes, estimate, mib
 from trivium.launch.placement import PLACEMENTS
 from trivium.trainer.parallel import STRATEGIES, micro_cap, micro_rows
+from trivium.validation.validate_layout import engine_dtype
 
 
 @dataclass
@@ -145,8 +146,7 @@ def stage_facts(stage, index: int, count: int) -> StageFacts:
     shards = t.world_size if STRATEGIES.get(t.strategy).shards_parameters else 1
     precision = trainer_precision(cfg) if trains else None
     autocast = precision is not None and precision.name in ("bf16", "fp16")
-    r = cfg.explorer.rollout
-    est = estimate(shape, shapes, cfg.model.dtype, r.dtype or cfg.model.dtype, shards, autocast)
+    est = estimate(shape, shapes, cfg.model.dtype, engine_dtype(cfg), shards, autocast)
     if precision is not None:
         lines.append(f"  precision    {precision.describe(t.precision)}")
     if not trains:  # the engine takes the policy over (no copy): its weights, KV cache and prefill only
@@ -314,7 +314,7 @@ def trainer_precision(cfg):
 
 
 def memory_lines(shape: ModelShape, shapes: Shapes, est: Estimate, cfg) -> list[str]:
-    dtype, rdtype = cfg.model.dtype, cfg.explorer.rollout.dtype or cfg.model.dtype
+    dtype, rdtype = cfg.model.dtype, engine_dtype(cfg)
     lines = [
         f"  model        {shape.params:,} parameters ({shape.layers} layers, hidden {shape.hidden}, "
         f"{shape.heads} heads / {shape.kv_heads} kv heads, MLP {shape.intermediate}, vocab {shape.vocab}); "

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from trivium.launch.ray_cluster import ClusterError, RayCluster, Request, placement_info, wait_restarted
+from trivium.models.bf16 import rollout_dtype
 from trivium.models.protocol import Generation, SamplingParams
 from trivium.models.weights import WeightSyncError
 
@@ -151,7 +152,7 @@ class EnginePool:
             "max_length": policy.config.max_position_embeddings,
             "eos_ids": eos_token_ids(tokenizer, policy.generation_config, "EnginePool"),
         }
-        dtype = next(policy.parameters()).dtype if r.dtype is None else getattr(torch, r.dtype)
+        dtype, _ = rollout_dtype(r.dtype, next(policy.parameters()).dtype, cfg.model.device)
         live = cluster.actors.get("engine", [])
         if live and _LIVE.get("key") == key and _LIVE.get("actors") == live:
             log.info(
@@ -169,7 +170,8 @@ class EnginePool:
         pool_id = next(_POOLS)
         actors = []
         for i in range(n):
-            args = {"dtype": r.dtype or cfg.model.dtype, "seed": cfg.seed + i}  # engine 0: as in-process
+            # engine 0: as in-process; auto is resolved here, on the driver's hardware (docs/engines.md)
+            args = {"dtype": str(dtype).removeprefix("torch."), "seed": cfg.seed + i}
             if r.engine_type == "vllm":
                 args |= {
                     "kv_cache_gb": r.vllm_kv_cache_gb,

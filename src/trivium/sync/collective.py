@@ -49,7 +49,7 @@ class CollectiveSync:
 
     @classmethod
     def from_config(cls, cfg, run_dir, role: str, engine=None, plan=None) -> CollectiveSync:
-        from trivium.models.loading import resolve_dtype
+        from trivium.models.bf16 import rollout_dtype
         from trivium.sync.versions import versions_needed
 
         s = cfg.synchronizer
@@ -62,7 +62,7 @@ class CollectiveSync:
             s.collective_backend,
             timeout_s=s.wait_timeout_s,
             versions=versions,
-            wire_dtype=resolve_dtype(cfg.explorer.rollout.dtype or cfg.model.dtype),
+            wire_dtype=rollout_dtype(cfg.explorer.rollout.dtype, cfg.model.dtype, cfg.model.device)[0],
         )
 
     def publish(self, weights: Mapping[str, torch.Tensor], version: int) -> dict[str, float]:

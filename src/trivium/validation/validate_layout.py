@@ -9,6 +9,18 @@ from trivium.config.errors import Problem
 from trivium.config.schema import TriviumConfig
 
 
+def engine_dtype(cfg: TriviumConfig) -> str:
+    """The rollout engine's weight dtype on this machine (``explorer.rollout.dtype`` resolved, auto too)."""
+    from trivium.models.bf16 import rollout_dtype
+
+    r = cfg.explorer.rollout
+    try:
+        dtype = rollout_dtype(r.dtype, cfg.model.dtype, cfg.model.device)[0]
+    except ValueError:  # a device torch cannot use: check-config names it (model.device)
+        return r.dtype if r.dtype not in (None, "auto") else cfg.model.dtype
+    return str(dtype).removeprefix("torch.")
+
+
 def check_layout(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
     problems: list[Problem] = []
     problems += _check_engine(cfg, at)
@@ -67,13 +79,13 @@ def _check_engine(cfg: TriviumConfig, at) -> list[Problem]:
     import importlib.util
 
     r = cfg.explorer.rollout
-    if r.autocast_dtype is not None and (
-        r.engine_type == "vllm" or (r.dtype or cfg.model.dtype) != "float32"
-    ):
+    weights = engine_dtype(cfg)
+    if r.autocast_dtype is not None and (r.engine_type == "vllm" or weights != "float32"):
         why = (
             "vLLM has no autocast"
             if r.engine_type == "vllm"
-            else f"the engine's weights are already {r.dtype}"
+            else f"the engine's weights are already {weights}"
+            + (" (explorer.rollout.dtype auto, on this machine)" if r.dtype == "auto" else "")
         )
         return [
             Problem(
