@@ -186,6 +186,7 @@ def doctor_and_dtypes(config: Path, overrides: list[str]) -> tuple[float, str, s
     from trivium.launch.config_doctor import explain
     from trivium.trainer.precision import resolve
     from trivium.validation import load_config
+    from trivium.validation.validate_layout import engine_dtype
 
     cfg = load_config(config, overrides=overrides)
     _, facts = explain(cfg)
@@ -194,7 +195,7 @@ def doctor_and_dtypes(config: Path, overrides: list[str]) -> tuple[float, str, s
     train = {"bf16": "bfloat16", "fp16": "float16"}.get(
         resolve(stage.trainer.precision, stage.model).name, "float32"
     )
-    return peak, train, stage.explorer.rollout.dtype or stage.model.dtype
+    return peak, train, engine_dtype(stage)
 
 
 def run_trivium(args, config: Path, work: Path, rung: str) -> dict:
