@@ -4,6 +4,7 @@
     python benchmarks/ladder.py --quick              # CI's slow test: 2 small rungs, ~2 min
     python benchmarks/ladder.py                      # every rung (~1 h on 2 CPU cores)
     python benchmarks/ladder.py --rungs 25M@128 25M@1k --steps 3
+    python benchmarks/ladder.py --plot-only          # redraw ladder.png from ladder.json
 
 Each rung is a model shape and a length (prompt + response tokens). Models are random-initialised
 (``ladder_parts.py``): speed and memory do not need a trained model. Both frameworks get the same model
@@ -316,8 +317,10 @@ def plot(results: list[dict], path: Path) -> None:
                 ]
                 if pts:
                     axes[1, col].plot(*zip(*pts), style, label=f"{side} {shape}")
-        axes[0, col].set(xscale="log", xlabel="parameters (~128 tokens)", ylabel=label)
-        axes[1, col].set(xscale="log", xlabel="prompt + response tokens", ylabel=label)
+        axes[0, col].set(xscale="log", yscale="log", xlabel="parameters (~128 tokens)", ylabel=label)
+        axes[1, col].set(xscale="log", yscale="log", xlabel="prompt + response tokens", ylabel=label)
+        axes[1, col].set_xticks([128, 1024, 4096], ["128", "1k", "4k"], minor=False)
+        axes[1, col].set_xticks([], minor=True)
         axes[0, col].legend(fontsize=7)
         axes[1, col].legend(fontsize=7)
     fig.tight_layout()
@@ -333,12 +336,17 @@ def main() -> int:
     )
     ap.add_argument("--trl-fp32", action="store_true", help="TRL without bf16")
     ap.add_argument("--no-memory", action="store_true", help="skip the doctor's check (a third run per rung)")
+    ap.add_argument("--plot-only", action="store_true", help="redraw the plot from the --out prefix's JSON")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--work", default=str(BENCH / "workdir" / "ladder"), help="models and data (reused)")
     ap.add_argument(
         "--out", default=str(BENCH / "results" / "ladder"), help="results prefix (.md .json .png)"
     )
     args = ap.parse_args()
+    if args.plot_only:
+        out = Path(args.out)
+        plot(json.loads(out.with_suffix(".json").read_text())["results"], out.with_suffix(".png"))
+        return 0
     rungs = QUICK if args.quick else (args.rungs or FULL)
     # every run imports the reward as ladder_parts:letter_reward
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCH), os.environ.get("PYTHONPATH")]))
