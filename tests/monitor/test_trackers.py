@@ -256,3 +256,27 @@ def test_a_stage_cannot_change_the_runs_trackers(tmp_path):
         load_config(tmp_path / "cfg.yaml", check_files=False)
     (problem,) = [p for p in info.value.problems if "monitor" in p.path]
     assert problem.path == "stages[0].monitor.backends" and problem.fix == "set it at the top level"
+
+
+def test_offline_files_of_a_run_opened_twice_within_one_second_come_in_order(tmp_path):
+    """wandb names a process's folder by the second it opened the run: a resumed process within the same second
+    gets ``-1`` appended (seen in CI: its steps were missed and the test's history ended at step 2)."""
+    from trivium.monitor.wandb_files import offline_files
+
+    names = [
+        "offline-run-20261205_015501-abc",
+        "offline-run-20261205_015500-abc-1",
+        "offline-run-20261205_015500-abc",
+        "offline-run-20261205_015500-abcd",  # another run whose id starts the same
+        "offline-run-20261205_015500-abc-2",
+    ]
+    for name in names:
+        run_id = name.split("-")[3]
+        (tmp_path / "wandb" / name).mkdir(parents=True)
+        (tmp_path / "wandb" / name / f"run-{run_id}.wandb").write_bytes(b"")
+    assert [p.parent.name for p in offline_files(tmp_path, "abc")] == [
+        "offline-run-20261205_015500-abc",
+        "offline-run-20261205_015500-abc-1",
+        "offline-run-20261205_015500-abc-2",
+        "offline-run-20261205_015501-abc",
+    ]

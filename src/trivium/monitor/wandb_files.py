@@ -14,6 +14,7 @@ classes. A file cut short (a killed writer) ends at its last whole record.
 from __future__ import annotations
 
 import json
+import re
 import struct
 import zlib
 from collections.abc import Iterator
@@ -28,8 +29,17 @@ class DamagedWandbFile(ValueError):
 
 
 def offline_files(run_dir: Path, run_id: str) -> list[Path]:
-    """The offline ``.wandb`` files of ``run_id`` (one per process that opened it), oldest first."""
-    return sorted((Path(run_dir) / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
+    """The offline ``.wandb`` files of ``run_id`` (one per process that opened it), oldest first.
+
+    Each process's folder is ``offline-run-{YYYYmmdd_HHMMSS}-{id}``; a second process that opens the run within
+    the same second gets ``...-{id}-1`` (then ``-2``...), so the order is (time, that suffix)."""
+    folder = re.compile(rf"offline-run-(\d{{8}}_\d{{6}})-{re.escape(run_id)}(?:-(\d+))?")
+    found = []
+    for path in (Path(run_dir) / "wandb").glob(f"offline-run-*/run-{run_id}.wandb"):
+        match = folder.fullmatch(path.parent.name)
+        if match:
+            found.append(((match[1], int(match[2] or 0)), path))
+    return [path for _, path in sorted(found)]
 
 
 def records(path: Path) -> Iterator[Any]:
