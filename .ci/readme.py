@@ -44,6 +44,15 @@ SKIP = [
         r"^pip install torch\S* --index-url https://download\.pytorch\.org/whl/cu",
         "needs a GPU (the CUDA build)",
     ),
+    (r"^python -m build$", ".ci/run's stage 'the wheel in a fresh venv' builds the wheel"),
+    (
+        r"^pip install dist/trivium-",
+        ".ci/run's stage 'the wheel in a fresh venv' installs it into a venv of its own",
+    ),
+    (
+        r"^trivium example quickstart --into my-work$",
+        ".ci/run's stage 'the wheel in a fresh venv' copies it into an empty folder from the wheel",
+    ),
     (
         r"^pip install ",
         ".ci/run installed with this very line (tests/test_readme.py checks they are the same)",

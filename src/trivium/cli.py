@@ -1,5 +1,5 @@
-"""The ``trivium`` command line: run | check-config | doctor | bench | convert | make-tiny | plot | check-template |
-studio.
+"""The ``trivium`` command line: run | check-config | doctor | debug | bench | example | make-tiny | plot | convert |
+check-template | studio.
 
 Heavy imports (torch, transformers) happen inside the commands, so ``trivium --help`` is instant. Every
 option has a help text (tests/test_cli_basics.py checks it).
@@ -73,6 +73,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoints", choices=["all", "latest", "none"], default=None, help="bench.checkpoints")
     _add_set(p)
     p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser(
+        "example",
+        help="list the shipped examples, or copy one into ./examples/NAME to run it (with what it reads from)",
+    )
+    p.add_argument("name", nargs="?", help="the example to copy (none: list them)")
+    p.add_argument(
+        "--into", default=".", help="the folder that receives examples/NAME (default: the current folder)"
+    )
+    p.set_defaults(func=_cmd_example)
 
     p = sub.add_parser(
         "make-tiny", help="create a tiny tokenizer + causal LM folder (for tests and CPU runs)"
@@ -321,6 +331,32 @@ def _cmd_bench(args) -> int:
         return 2
     args.overwrite, args.no_resume = True, False  # a bench run is redone whole
     return _cmd_run(args)
+
+
+def _cmd_example(args) -> int:
+    from trivium.launch.shipped_examples import ExampleError, copy_example, list_examples
+
+    try:
+        if not args.name:
+            for example in list_examples():
+                needs = f" (copied with {', '.join(example.needs)})" if example.needs else ""
+                print(f"{example.name:12s} {example.summary}{needs}")
+            print("\ncopy one with: trivium example NAME  (into ./examples/NAME)")
+            return 0
+        written, kept = copy_example(args.name, Path(args.into))
+    except ExampleError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for folder in written:
+        print(f"wrote {folder}")
+    for folder in kept:
+        print(f"kept {folder} (it was there; the example reads from it)")
+    example = written[0]
+    configs = sorted(example.glob("*.yaml"))
+    print("run it with:")
+    for config in configs:
+        print(f"  trivium run --config {config}")
+    return 0
 
 
 def _cmd_make_tiny(args) -> int:
