@@ -285,6 +285,15 @@ def _cmd_check(args) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
+    from trivium.validation.cluster_fit import reachable_cluster_problems
+
+    # a cluster the config joins (cluster.address) decides what fits, where it can be asked from here
+    cluster_problems, cluster_notes = reachable_cluster_problems(run_cfg)
+    if cluster_problems:
+        print(
+            ConfigError(cluster_problems, args.config, note="against the cluster it joins"), file=sys.stderr
+        )
+        return 2
     from trivium.trainer.precision import explain
     from trivium.validation.validate import config_notes
 
@@ -296,6 +305,8 @@ def _cmd_check(args) -> int:
         for note in config_notes(c):
             print(f"# note: {note}")
         print(yaml.safe_dump(c.model_dump(mode="json", exclude={"stages"}), sort_keys=False))
+    for note in cluster_notes:
+        print(f"note: {note}", file=sys.stderr)
     print(f"OK: {args.config} is valid ({len(run_cfg.stages)} stage(s)).", file=sys.stderr)
     return 0
 

@@ -48,8 +48,9 @@ ELSEWHERE: dict[str, str] = {
         )
     },
     **{
-        f"ActorResources.{f}": "Ray actor options (launch/ray_engines.py): tests/launch/test_ray_runs.py"
-        for f in ("num_cpus", "num_gpus", "memory_gb")
+        f"ActorResources.{f}": "Ray actor options (launch/ray_cluster.py): tests/launch/test_ray_runs.py, "
+        "tests/launch/ray_nodes_cases.py"
+        for f in ("num_cpus", "num_gpus", "memory_gb", "resources")
     },
     **{
         f"RolloutConfig.{f}": "the vLLM engine (models/vllm_engine.py): tests/models/test_vllm_engine.py, .ci/vllm"

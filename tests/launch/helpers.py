@@ -23,6 +23,18 @@ def trivium_run(path, kill_at="", *extra, timeout=300):
     )
 
 
+def partial_records(run_dir):
+    """The records of a running run's metrics.jsonl (none before it exists; a line being written skipped)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):
+            out.append(json.loads(line))
+    return out
+
+
 def comparable(records):
     """Metric records without the fields that depend on wall time."""
     drop = ("time", "seconds", "per_s", "rss")

@@ -3,8 +3,6 @@ the same metrics as the local backend, several engines and DDP ranks, placements
 engine and explorer actors restarted, a killed trainer rank ending the run, and decoupled processes joined to
 one cluster."""
 
-import contextlib
-import json
 import os
 import re
 import signal
@@ -17,7 +15,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tests.launch.helpers import assert_same_records
+from tests.launch.helpers import assert_same_records, partial_records
+
+# the 3-node tests run in this module's worker (why: ray_nodes_cases.py's docstring)
+from tests.launch.ray_nodes_cases import (  # noqa: F401
+    test_a_lost_node_moves_its_engine_or_ends_the_run_resumable,
+    test_check_config_asks_the_cluster_it_joins_not_this_machine,
+    test_explorer_engine_and_rank_on_three_nodes_learn,
+    test_with_no_address_the_cluster_is_this_machine,
+    three_nodes,
+)
 
 from trivium.monitor.metrics import read_metrics
 
@@ -172,7 +179,7 @@ def test_two_engines_and_two_ddp_ranks_learn_and_a_killed_engine_is_restarted(e2
     run_dir = tmp_path / "runs" / "e2e" / "two"
     try:
         deadline = time.monotonic() + 600
-        while not any(r.get("stage") == "grpo" and r.get("step") == 3 for r in _records(run_dir)):
+        while not any(r.get("stage") == "grpo" and r.get("step") == 3 for r in partial_records(run_dir)):
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.2)
         pid = _pid(log.read_text(), "engines-0/1")  # the SFT stage's engines, which GRPO samples from
@@ -209,7 +216,7 @@ def test_a_killed_trainer_rank_actor_ends_the_run_and_a_rerun_resumes(e2e, tmp_p
         )
     run_dir = tmp_path / "runs" / "e2e" / "rank"
     deadline = time.monotonic() + 600
-    while not any(r.get("step", 0) >= 7 for r in _records(run_dir)):
+    while not any(r.get("step", 0) >= 7 for r in partial_records(run_dir)):
         assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
         time.sleep(0.2)
     pid = _pid(log.read_text(), "sft/rank-1")
@@ -244,10 +251,10 @@ def test_a_killed_explorer_actor_is_restarted_and_the_run_is_the_run_without_the
     run_dir = tmp_path / "runs" / "e2e" / "killed"
     try:
         deadline = time.monotonic() + 600
-        while not any(r.get("stage") == "grpo" and r.get("step") == 2 for r in _records(run_dir)):
+        while not any(r.get("stage") == "grpo" and r.get("step") == 2 for r in partial_records(run_dir)):
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.05)
-        pid = int(re.search(r"/explorer-\d+ on node \S+ \(pid (\d+)\)", log.read_text()).group(1))
+        pid = int(re.search(r"/explorer-\d+ on node \S+ [0-9a-f]+ \(pid (\d+)\)", log.read_text()).group(1))
         os.kill(pid, signal.SIGKILL)
         assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
     finally:
@@ -291,20 +298,9 @@ def test_decoupled_explore_and_train_processes_on_one_cluster(
     assert [r["step"] for r in records if r.get("role") == "train"] == [1, 2, 3]
 
 
-def _records(run_dir):
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        with contextlib.suppress(json.JSONDecodeError):  # a line being written
-            out.append(json.loads(line))
-    return out
-
-
 def _pid(log: str, actor: str) -> int:
     """The pid of ``actor`` from the run's "Ray: placed ... (pid N)" line."""
-    return int(re.search(re.escape(actor) + r" on node \S+ \(pid (\d+)\)", log).group(1))
+    return int(re.search(re.escape(actor) + r" on node \S+ [0-9a-f]+ \(pid (\d+)\)", log).group(1))
 
 
 def test_an_actor_at_a_lowered_cpu_priority_is_named_with_the_fix():

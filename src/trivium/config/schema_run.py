@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from trivium.config.schema_base import COUNT_MAX, SECONDS_MAX, SEED_MAX, StrictModel
 from trivium.config.schema_monitor import MonitorConfig  # noqa: F401 (re-exported)
@@ -32,6 +32,19 @@ class ActorResources(StrictModel):
     """GPUs the actor reserves (a fraction shares one GPU between actors)."""
     memory_gb: float = Field(0.0, ge=0, le=COUNT_MAX)
     """Memory the actor reserves, in GiB; 0 = no reservation."""
+    resources: dict[str, float] = Field(default_factory=dict)
+    """Custom resources the actor reserves (Ray's ``resources``): it runs only on nodes started with them
+    (``ray start --resources '{"trainer_node": 1}'``), which is how a role is placed on chosen nodes."""
+
+    @field_validator("resources")
+    @classmethod
+    def _custom_only(cls, value: dict[str, float]) -> dict[str, float]:
+        for name, amount in value.items():
+            if name in ("CPU", "GPU", "memory", "object_store_memory"):
+                raise ValueError(f"{name!r} is set by num_cpus / num_gpus / memory_gb, not here")
+            if not 0 <= amount <= COUNT_MAX:
+                raise ValueError(f"{name}: {amount} is not between 0 and {COUNT_MAX}")
+        return value
 
 
 class ClusterConfig(StrictModel):

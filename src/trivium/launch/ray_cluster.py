@@ -31,9 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trivium.validation.cluster_fit import Request, describe, misfits, stage_requests
+
 log = logging.getLogger(__name__)
 
-__all__ = ["ClusterError", "RayCluster"]
+__all__ = ["ClusterError", "RayCluster", "Request", "stage_requests"]
 
 _CURRENT: RayCluster | None = None
 # Ray logs an error-level line for every process that starts an actor with max_restarts > 0 and arguments
@@ -51,20 +53,6 @@ class ClusterError(RuntimeError):
 
 
 @dataclass
-class Request:
-    """``count`` actors of ``resources`` (``ActorResources``), asked for by the config field ``field``."""
-
-    field: str
-    resources: Any
-    count: int
-
-    def amounts(self) -> dict[str, float]:
-        r = self.resources
-        out = {"CPU": r.num_cpus, "GPU": r.num_gpus, "memory": r.memory_gb * 2**30}
-        return {k: v for k, v in out.items() if v > 0}
-
-
-@dataclass
 class RayCluster:
     """This driver's connection to Ray, and the actors it started (by role), killed with their stage."""
 
@@ -75,6 +63,7 @@ class RayCluster:
     groups: dict[str, list[Any]] = field(default_factory=dict)  # placement groups, by role
     held: dict[str, list[Any]] = field(default_factory=dict)  # restartable actors' arguments, by role
     explained_restart_line: bool = False
+    placed: dict[str, dict[str, Any]] = field(default_factory=dict)  # actor id -> where it last started
 
     @classmethod
     def connect(cls, cfg, config_dir: Path) -> RayCluster:
@@ -118,7 +107,7 @@ class RayCluster:
             "a new" if c.address is None else "joined the",
             ray.get_runtime_context().gcs_address,
             namespace,
-            _describe(total),
+            describe(total),
         )
         _CURRENT = cls(c, namespace, c.address is None)
         return _CURRENT
@@ -132,34 +121,18 @@ class RayCluster:
     # --- what fits -------------------------------------------------------------------------------
     def check_fits(self, requests: Sequence[Request]) -> None:
         """Raise ``ClusterError`` when the requests cannot fit into the cluster as it is: the sum over the
-        totals, and each single actor into its largest node."""
+        totals, and each single actor into its largest node (``validation.cluster_fit``, the check that
+        ``check-config`` runs before a run)."""
         import ray
 
-        total = ray.cluster_resources()
-        nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-        need: dict[str, float] = {}
-        for req in requests:
-            for key, amount in req.amounts().items():
-                need[key] = need.get(key, 0.0) + amount * req.count
-                largest = max((n.get(key, 0.0) for n in nodes), default=0.0)
-                if amount > largest + 1e-9:
-                    raise ClusterError(
-                        f"{req.field}: each actor asks for {_amount(key, amount)}, but no node of the cluster has "
-                        f"that much (the largest has {_amount(key, largest)}; the cluster: {_describe(total)}). "
-                        f"Lower {req.field}, or add a node with `ray start --address ...`"
-                    )
-        for key, amount in need.items():
-            if amount > total.get(key, 0.0) + 1e-9:
-                asked = ", ".join(
-                    f"{r.field} {r.count} x {_amount(key, r.amounts()[key])}"
-                    for r in requests
-                    if key in r.amounts()
-                )
-                raise ClusterError(
-                    f"the run asks for {_amount(key, amount)} in all ({asked}), the cluster has "
-                    f"{_amount(key, total.get(key, 0.0))} ({_describe(total)}): lower the requests or the counts "
-                    "(explorer.engine_num, trainer.world_size), or add nodes"
-                )
+        nodes = [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
+        found = misfits(requests, dict(ray.cluster_resources()), nodes)
+        if found:
+            first = found[0]
+            raise ClusterError(
+                f"{first.field}: {first.message}. Lower {first.field} or the counts (explorer.engine_num, "
+                "trainer.world_size), or add a node with `ray start --address ...`"
+            )
 
     # --- placing -----------------------------------------------------------------------------------
     def placement_group(self, role: str, name: str, bundles: list[dict[str, float]], field_name: str):
@@ -174,8 +147,8 @@ class RayCluster:
             log.warning(
                 "Ray: %s needs %s, which is not free now (free: %s): waiting up to %g s for it",
                 name,
-                _describe(short),
-                _describe(free),
+                describe(short),
+                describe(free),
                 self.cfg.start_timeout_s,
             )
         group = placement_group(bundles, strategy="PACK", name=f"{name}@{os.getpid()}")
@@ -186,7 +159,7 @@ class RayCluster:
             raise ClusterError(
                 f"{field_name}: the placement group {name} ({len(bundles)} bundle(s) of {bundles[0]}) was not "
                 f"placed within cluster.start_timeout_s={self.cfg.start_timeout_s:g} s; free now: "
-                f"{_describe(ray.available_resources())}. Is another run holding the resources?"
+                f"{describe(ray.available_resources())}. Is another run holding the resources?"
             ) from None
         self.groups.setdefault(role, []).append(group)
         return group
@@ -211,6 +184,8 @@ class RayCluster:
         }
         if resources.memory_gb > 0:
             options["memory"] = int(resources.memory_gb * 2**30)
+        if resources.resources:  # custom resources: on the nodes that have them (`ray start --resources`)
+            options["resources"] = dict(resources.resources)
         if group is not None:
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(group, bundle)
         elif on_this_node:
@@ -232,13 +207,16 @@ class RayCluster:
         except ray.exceptions.GetTimeoutError:
             ray.kill(actor)
             raise ClusterError(
-                f"actor {name} ({_describe(_asks(resources))}) did not start within cluster.start_timeout_s="
+                f"actor {name} ({describe(_asks(resources))}) did not start within cluster.start_timeout_s="
                 f"{self.cfg.start_timeout_s:g} s (still PENDING, or too slow to load); free now: "
-                f"{_describe(ray.available_resources())}"
+                f"{describe(ray.available_resources())}"
             ) from None
         except ray.exceptions.RayError as error:
             raise ClusterError(f"actor {name} failed while starting: {_first_line(error)}") from error
-        log.info("Ray: placed %s on node %s (pid %s)", name, where["node"], where["pid"])
+        log.info(
+            "Ray: placed %s on node %s %s (pid %s)", name, where["node"], where["node_id"][:12], where["pid"]
+        )
+        self.placed[actor._actor_id.hex()] = where
         warning = priority_warning(name, where)
         if warning:
             log.warning(warning)
@@ -284,35 +262,56 @@ def _taking_held_args(cls: type) -> type:
 
 def wait_restarted(actor, cfg, what: str, error: BaseException) -> dict[str, Any]:
     """Wait for Ray to restart ``actor`` (``what`` names it) after ``error``; its ``ready()`` answer.
-    ``ClusterError`` when it is not back within ``cluster.start_timeout_s`` or Ray gave up on it."""
+    ``ClusterError`` when it is not back within ``cluster.start_timeout_s`` or Ray gave up on it, saying
+    whether its node left the cluster (a lost node: no other node may have room for the actor)."""
     import ray
 
     deadline = time.monotonic() + cfg.start_timeout_s
+    lost = lost_node(actor)
+    if lost:
+        log.warning(
+            "%s: %s; waiting up to %g s for Ray to start it elsewhere", what, lost, cfg.start_timeout_s
+        )
     while True:  # "unavailable" while Ray restarts it; "died" once it gave up
         try:
-            return ray.get(actor.ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
+            where = ray.get(actor.ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
         except ray.exceptions.ActorUnavailableError:
             if time.monotonic() > deadline:
-                raise ClusterError(
-                    f"{what} was not restarted within cluster.start_timeout_s={cfg.start_timeout_s:g} s"
-                ) from error
+                raise ClusterError(_not_back(what, cfg, lost_node(actor))) from error
             time.sleep(0.5)
+            continue
+        except ray.exceptions.GetTimeoutError:
+            raise ClusterError(_not_back(what, cfg, lost_node(actor))) from error
         except ray.exceptions.RayError as again:
-            raise ClusterError(f"{what} did not come back after dying: {again}") from again
+            raise ClusterError(f"{what} did not come back after dying: {again}. {RESUME}") from again
+        if _CURRENT is not None:
+            _CURRENT.placed[actor._actor_id.hex()] = where
+        return where
 
 
-def stage_requests(cfg) -> list[Request]:
-    """What a stage of mode ``cfg.mode`` places: engines where it samples or evaluates, the explorer actor
-    where it explores, trainer ranks where it trains."""
-    explores = cfg.mode in ("both", "explore")
-    out = []
-    if explores or cfg.buffer.eval_tasksets or cfg.mode == "bench":
-        out.append(Request("cluster.engine", cfg.cluster.engine, cfg.explorer.engine_num))
-    if explores:
-        out.append(Request("cluster.explorer", cfg.cluster.explorer, 1))
-    if cfg.mode in ("both", "train"):
-        out.append(Request("cluster.trainer_rank", cfg.cluster.trainer_rank, cfg.trainer.world_size))
-    return out
+RESUME = (
+    "The run stops here; `trivium run` again, once the cluster has room for it, resumes from the newest "
+    "checkpoint (trainer.save_interval)"
+)
+
+
+def _not_back(what: str, cfg, lost: str) -> str:
+    why = f" ({lost}, and no other node has room for it)" if lost else ""
+    return f"{what} was not restarted within cluster.start_timeout_s={cfg.start_timeout_s:g} s{why}. {RESUME}"
+
+
+def lost_node(actor) -> str:
+    """'it ran on node IP ID, which has left the cluster' when the node ``actor`` last started on is no
+    longer alive, else ''."""
+    import ray
+
+    where = _CURRENT.placed.get(actor._actor_id.hex()) if _CURRENT is not None else None
+    if not where:
+        return ""
+    alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+    if where["node_id"] in alive:
+        return ""
+    return f"it ran on node {where['node']} {where['node_id'][:12]}, which has left the cluster"
 
 
 def quiet_actor() -> None:
@@ -338,15 +337,17 @@ def placement_info() -> dict[str, Any]:
     """Where the calling actor runs: for ``ready()``."""
     import ray
 
-    return {"node": ray.util.get_node_ip_address(), "pid": os.getpid(), "niceness": os.nice(0)}
+    node_id = ray.get_runtime_context().get_node_id()  # several nodes may share an IP (one machine)
+    return {
+        "node": ray.util.get_node_ip_address(),
+        "node_id": node_id,
+        "pid": os.getpid(),
+        "niceness": os.nice(0),
+    }
 
 
 def _asks(resources) -> dict[str, float]:
     return Request("", resources, 1).amounts()
-
-
-def _amount(key: str, value: float) -> str:
-    return f"{value / 2**30:.1f} GiB memory" if key == "memory" else f"{value:g} {key}"
 
 
 def _sum(bundles: list[dict[str, float]]) -> dict[str, float]:
@@ -355,11 +356,6 @@ def _sum(bundles: list[dict[str, float]]) -> dict[str, float]:
         for k, v in bundle.items():
             out[k] = out.get(k, 0.0) + v
     return out
-
-
-def _describe(resources: dict[str, float]) -> str:
-    keys = [k for k in ("CPU", "GPU", "memory") if k in resources]
-    return ", ".join(_amount(k, resources[k]) for k in keys) or "nothing"
 
 
 def _first_line(error: BaseException) -> str:

@@ -300,10 +300,14 @@ class EnginePool:
         self.restarts += 1
         log.warning("rollout engine %d died (%s): waiting for its restart", i, type(error).__name__)
         actor = self.actors[i]
-        wait_restarted(actor, self.cfg, f"rollout engine {i}", error)
+        where = wait_restarted(actor, self.cfg, f"rollout engine {i}", error)
         if self._weights is not None:
             ref, version = self._weights
             ray.get(actor.update_weights.remote(ref, version))
         log.warning(
-            "rollout engine %d restarted (weights version %d); its requests are sent again", i, self.version
+            "rollout engine %d restarted on node %s %s (weights version %d); its requests are sent again",
+            i,
+            where["node"],
+            where["node_id"][:12],
+            self.version,
         )

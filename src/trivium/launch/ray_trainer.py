@@ -129,7 +129,8 @@ class RayTrainer(FanOutTrainer):
 
         world, r = cfg.trainer.world_size, cfg.cluster.trainer_rank
         cluster.check_fits([Request("cluster.trainer_rank", r, world)])
-        bundle = {"CPU": r.num_cpus, **({"GPU": r.num_gpus} if r.num_gpus else {})}
+        # the rank's whole request (memory, custom resources), or its actor would not fit its bundle
+        bundle = {"CPU": r.num_cpus, **Request("", r, 1).amounts()}
         group = cluster.placement_group(
             "trainer", f"{stage}/trainer", [bundle] * world, "cluster.trainer_rank"
         )

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from trivium.config.errors import Problem
 from trivium.config.schema import TriviumConfig
+from trivium.validation.cluster_fit import local_cluster_problems
 
 
 def engine_dtype(cfg: TriviumConfig) -> str:
@@ -60,6 +61,17 @@ def _check_cluster(cfg: TriviumConfig, at) -> list[Problem]:
                 "pip install 'trivium[ray]' (or pip install ray), or use backend: local",
             )
         )
+    if c.explorer.resources:
+        out.append(
+            Problem(
+                at("cluster.explorer.resources"),
+                c.explorer.resources,
+                "the explorer actor runs on the driver's node (it reads the task files and writes "
+                "failures.jsonl at the driver's paths): custom resources cannot move it",
+                "remove cluster.explorer.resources; place the engines and trainer ranks with theirs",
+            )
+        )
+    out += local_cluster_problems(cfg, at)
     if c.address not in (None, "auto") and not re.fullmatch(r"(ray://)?[\w.\-]+:\d{1,5}", c.address):
         out.append(
             Problem(
@@ -250,7 +262,7 @@ def _check_strategy(cfg: TriviumConfig, at) -> list[Problem]:
         have, what = _cuda_count(), "CUDA devices"
     else:
         have, what = os.cpu_count() or 1, "CPU cores"
-    if t.world_size > have:
+    if t.world_size > have and cfg.cluster.backend != "ray":  # on Ray the cluster decides (cluster_fit)
         out.append(
             Problem(
                 at("trainer.world_size"),
