@@ -285,7 +285,7 @@ def _cmd_check(args) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
-    from trivium.validation.cluster_fit import reachable_cluster_problems
+    from trivium.launch.ray_probe import reachable_cluster_problems
 
     # a cluster the config joins (cluster.address) decides what fits, where it can be asked from here
     cluster_problems, cluster_notes = reachable_cluster_problems(run_cfg)
