@@ -104,22 +104,43 @@ def test_a_multi_turn_environment_s_tokens_are_shown_off_the_mask(tmp_path, tiny
 
 
 @pytest.mark.parametrize(
-    ("workflow", "row", "reward"),
+    ("workflow", "row", "reward", "args"),
     [
-        ("countdown", {"numbers": [3, 4, 5], "target": 12}, "countdown"),
-        ("code", {"question": "Write f.", "tests": ["assert True"]}, "code"),
-        ("step_wise", {"n": 2}, "exact_match"),
+        ("countdown", {"numbers": [3, 4, 5], "target": 12}, "countdown", {}),
+        ("code", {"question": "Write f.", "tests": ["assert True"]}, "code", {}),
+        (
+            "step_wise",
+            {"n": 2},
+            "exact_match",
+            {"env": "tests.workflows.conftest:CountdownEnv", "env_args": {"turns": 2}},
+        ),
+        # a ReAct agent with the calculator tool, as examples/agents/calculator.yaml runs it
+        (
+            "react",
+            {"question": "What is 2 + 3?", "answer": "5"},
+            "math_verify",
+            {"env": "calculator", "env_args": {"system_prompt": "", "show_tools": False}, "max_turns": 2},
+        ),
+        # a user's agent (plain OpenAI-client code) through the endpoint the workflow serves
+        (
+            "openai_agent",
+            {"question": "What is 1 + 2?", "answer": "3"},
+            "math_verify",
+            {"agent": "tests.workflows.agents_for_tests:calculator_agent", "agent_args": {"max_turns": 2}},
+        ),
     ],
 )
-def test_other_built_in_workflows(tmp_path, tiny_model_dir, capsys, workflow, row, reward):
+def test_other_built_in_workflows(tmp_path, tiny_model_dir, capsys, workflow, row, reward, args):
     ts = {"path": rows(tmp_path, "t.jsonl", row), "workflow": workflow, "reward_fn": reward}
-    if workflow == "step_wise":
-        ts["workflow_args"] = {"env": "tests.workflows.conftest:CountdownEnv", "env_args": {"turns": 2}}
+    if args:
+        ts["workflow_args"] = args
     config = write_config(tmp_path, tiny_model_dir, ts)
     out = tmp_path / "debug.jsonl"
     assert cli(["debug", "-c", str(config), "--n", "2", "--out", str(out)]) == 0, capsys.readouterr()
     text = capsys.readouterr().out
-    check_mask_matches(out, text, len(printed_runs(text)))
+    runs = len(printed_runs(text))
+    assert runs >= 2, text  # --n 2: at least one experience per run (an agent may make several)
+    check_mask_matches(out, text, runs)
 
 
 class Exploding(Workflow):
