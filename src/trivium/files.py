@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_path", "rewrite_jsonl", "write_atomically"]
+__all__ = ["NETWORK_FILE_SYSTEMS", "atomic_path", "mount_of", "rewrite_jsonl", "write_atomically"]
 
 
 @contextlib.contextmanager
@@ -75,3 +75,41 @@ def rewrite_jsonl(path: str | Path, keep: Callable[[dict[str, Any]], bool]) -> i
     if len(kept) < len(lines):
         write_atomically(path, "".join(line + "\n" for line in kept))
     return len(lines) - len(kept)
+
+
+# file system types whose files live on another machine (SQLite's write-ahead log cannot work there)
+NETWORK_FILE_SYSTEMS = frozenset(
+    {"nfs", "nfs4", "cifs", "smb3", "smbfs", "ncpfs", "afs", "9p", "ceph", "glusterfs", "lustre", "gpfs"}
+    | {"beegfs", "ocfs2", "gfs2", "davfs"}
+    | {f"fuse.{name}" for name in ("sshfs", "s3fs", "gcsfuse", "juicefs", "glusterfs", "ceph", "rclone")}
+    | {"fuse.goofys", "fuse.mountpoint-s3", "fuse.blobfuse", "fuse.blobfuse2"}
+)
+MOUNTS = Path("/proc/self/mounts")  # Linux; elsewhere mount_of knows nothing
+
+
+def mount_of(path: str | Path) -> tuple[str, str] | None:
+    """(file system type, mount point) of the mount that holds ``path`` (resolved), from ``MOUNTS``; None
+    where that table cannot be read (not Linux)."""
+    try:
+        table = MOUNTS.read_text()
+    except OSError:
+        return None
+    target = Path(path).resolve()
+    found: tuple[str, str] | None = None
+    for line in table.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = Path(_unescape(fields[1]))
+        holds = target == point or point in target.parents
+        # the deepest mount point wins; of two at one point, the later (mounted over the first)
+        if holds and (found is None or len(str(point)) >= len(found[1])):
+            found = (fields[2], str(point))
+    return found
+
+
+def _unescape(field: str) -> str:
+    """/proc/self/mounts writes space, tab, newline and backslash in paths as octal escapes (\\040)."""
+    for code in ("040", "011", "012", "134"):
+        field = field.replace("\\" + code, chr(int(code, 8)))
+    return field

@@ -45,6 +45,7 @@ ELSEWHERE: dict[str, str] = {
             "trainer_rank",
             "explorer",
             "engine",
+            "checkpoint_files",
         )
     },
     **{

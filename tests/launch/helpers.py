@@ -62,6 +62,11 @@ def assert_same_records(got, ref):
         assert not diff, f"stage {a.get('stage')} step {a.get('step')}: (resumed, reference) {diff}"
 
 
+def without(records, *keys):
+    """The records without ``keys`` (what differs between runs that should otherwise be equal)."""
+    return [{k: v for k, v in r.items() if k not in keys} for r in records]
+
+
 @contextlib.contextmanager
 def serving(stage_config, run_dir, timeout=60):
     """Mode serve (``serve_mode.serve``) in a thread of this process; yields its ``serve.json`` once it is

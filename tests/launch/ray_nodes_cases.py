@@ -11,13 +11,14 @@ cluster never stops this one while it runs in another worker.
 import contextlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
 
 import pytest
 import yaml
-from tests.launch.helpers import partial_records
+from tests.launch.helpers import assert_same_records, partial_records, without
 
 from trivium.monitor.metrics import read_metrics
 
@@ -27,6 +28,7 @@ NODES = {"head": "driver_node", "b": "engine_node", "c": "trainer_node"}
 
 
 STORE = 100_000_000  # each node's object store (bytes)
+SMALL = {"num_cpus": 0.5}
 
 
 @contextlib.contextmanager
@@ -54,12 +56,13 @@ def local_cluster(head_cpus: int, head_resources: dict | None = None):
 
 @pytest.fixture(scope="module")
 def three_nodes():
-    """A 3-node cluster, 1 CPU each (3 in all: more than this 2-core machine has), and {name: node id}."""
+    """A 3-node cluster, 1 CPU each (3 in all: more than this 2-core machine has), and {name: node id};
+    nodes b and c have a trainer slot each."""
     with local_cluster(1, {NODES["head"]: 1}) as cluster:
         ids = {"head": cluster.head_node.node_id}
         for name in ("b", "c"):
             ids[name] = cluster.add_node(
-                num_cpus=1, resources={NODES[name]: 1}, object_store_memory=STORE
+                num_cpus=1, resources={NODES[name]: 1, "trainer_slot": 1}, object_store_memory=STORE
             ).node_id
         cluster.wait_for_nodes()
         yield cluster, ids
@@ -139,17 +142,21 @@ def test_with_no_address_the_cluster_is_this_machine(e2e, tmp_path):
 @pytest.mark.integration
 @pytest.mark.slow
 def test_explorer_engine_and_rank_on_three_nodes_learn(e2e, tmp_path, three_nodes):
-    """SFT then 12 GRPO steps with the rollout engine on node b and the trainer rank on node c (by their
-    custom resources) and the explorer on the driver's node: every actor where the config put it, and the
-    reward rises."""
+    """SFT then 12 GRPO steps with the rollout engine on node b, two DDP trainer ranks on nodes b and c (a
+    trainer slot each) and the explorer on the driver's node: every actor where the config put it, and the
+    reward rises. The ranks share no folder with the driver (``checkpoint_files: driver``): their
+    checkpoint parts reach the run folder through Ray, and a checkpoint taken there resumes on a one-node
+    cluster to the same metrics."""
     cluster, ids = three_nodes
     placed = {
         "backend": "ray",
         "address": cluster.address,
+        "checkpoint_files": "driver",
         "engine": {"num_cpus": 0.5, "resources": {NODES["b"]: 1}},
-        "trainer_rank": {"num_cpus": 0.5, "resources": {NODES["c"]: 1}},
+        "trainer_rank": {"num_cpus": 0.5, "resources": {"trainer_slot": 1}},
     }
-    path = write_config(e2e, tmp_path, "nodes", placed)
+    ddp = {"strategy": "ddp", "world_size": 2, "save_interval": 4}
+    path = write_config(e2e, tmp_path, "nodes", placed, **ddp)
     result = cli("run", "-c", str(path))
     assert result.returncode == 0, result.stderr[-4000:]
     short = {node[:12]: name for name, node in ids.items()}
@@ -158,16 +165,35 @@ def test_explorer_engine_and_rank_on_three_nodes_learn(e2e, tmp_path, three_node
         roles.setdefault(re.search(r"engines|rank|explorer", actor)[0], set()).add(short[node])
     # the engine and the ranks (SFT's and GRPO's) on their nodes; the explorer on the driver's (the head:
     # the driver joined the cluster from the head's machine)
-    assert roles == {"engines": {"b"}, "rank": {"c"}, "explorer": {"head"}}, result.stderr[-3000:]
-    grpo = [
-        r
-        for r in read_metrics(tmp_path / "runs" / "e2e" / "nodes")
-        if r["stage"] == "grpo" and "train/loss" in r
-    ]
+    assert roles == {"engines": {"b"}, "rank": {"b", "c"}, "explorer": {"head"}}, result.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "e2e" / "nodes"
+    records = read_metrics(run_dir)
+    grpo = [r for r in records if r["stage"] == "grpo" and "train/loss" in r]
     assert len(grpo) == 12
     first = sum(r["rollout/reward_mean"] for r in grpo[:4]) / 4
     last = sum(r["rollout/reward_mean"] for r in grpo[-4:]) / 4
     assert last > first, (first, last)
+    # both ranks' optimizer shards in the driver's checkpoint, sent there through the object store
+    shards = run_dir / "checkpoints" / "grpo" / "step_8" / "dcp"
+    assert (shards / ".metadata").is_file() and sorted(p.name for p in shards.glob("*.distcp")) == [
+        "__0_0.distcp",
+        "__1_0.distcp",
+    ]
+    assert not list(run_dir.rglob(".trivium-driver-*"))  # the visibility markers are gone
+
+    # the run as if stopped after GRPO step 8, resumed on a one-node cluster (the shards sent to the ranks)
+    shutil.rmtree(run_dir / "checkpoints" / "grpo" / "step_12")
+    with local_cluster(2) as one:
+        moved = {**placed, "address": one.address, "engine": SMALL, "trainer_rank": SMALL}
+        again = cli("run", "-c", str(write_config(e2e, tmp_path, "nodes", moved, **ddp)))
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "resuming from" in again.stderr and "grpo/step_8" in again.stderr, again.stderr[-3000:]
+    varies = ("rollout/engine_peak_rss_mb", "rollout/engine_restarts", "rollout/explorer_restarts")
+    after = [r for r in read_metrics(run_dir) if r["stage"] == "grpo" and r["step"] > 8]
+    assert_same_records(
+        without(after, *varies),
+        without([r for r in records if r["stage"] == "grpo" and r["step"] > 8], *varies),
+    )
 
 
 def _grpo_steps(run_dir):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tests.launch.helpers import assert_same_records, partial_records
+from tests.launch.helpers import assert_same_records, partial_records, without
 
 # the 3-node tests run in this module's worker (why: ray_nodes_cases.py's docstring)
 from tests.launch.ray_nodes_cases import (  # noqa: F401
@@ -89,10 +89,6 @@ def run(path, *extra, env=None, timeout=600):
         timeout=timeout,
         env=env,
     )
-
-
-def without(records, *keys):
-    return [{k: v for k, v in r.items() if k not in keys} for r in records]
 
 
 @pytest.mark.integration

@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
 from trivium.buffer.storage import StorageError
+from trivium.files import NETWORK_FILE_SYSTEMS, mount_of
 
 __all__ = ["create_engine", "explain", "parse_url"]
 
@@ -41,7 +42,7 @@ def parse_url(url: str | os.PathLike[str]) -> sa.URL:
                 f"experience storage {path}: cannot create its folder ({error}); give a path in a "
                 "writable folder (by default the run folder)"
             ) from error
-        return sa.URL.create("sqlite", database=str(path.resolve()))
+        return _local_sqlite(sa.URL.create("sqlite", database=str(path.resolve())))
     try:
         parsed = sa.make_url(url)
     except (sa_exc.ArgumentError, ValueError) as error:
@@ -62,7 +63,26 @@ def parse_url(url: str | os.PathLike[str]) -> sa.URL:
             f"experience storage {masked}: database {backend!r} is not supported{hint}; use a SQLite "
             "file path or a postgresql+psycopg2:// URL"
         )
-    return parsed
+    return _local_sqlite(parsed) if backend == "sqlite" else parsed
+
+
+def _local_sqlite(url: sa.URL) -> sa.URL:
+    """``url``, unless its SQLite file is on a network file system: the write-ahead log (journal_mode WAL)
+    needs every process that opens the file on one machine, and over NFS, SMB, Lustre, ... it corrupts the
+    database or fails to lock. The processes of a run on several nodes share a buffer by PostgreSQL; a Ray
+    run opens it on the driver's node only, so a SQLite file on a local disk there is fine."""
+    mount = mount_of(url.database)
+    if mount is None or mount[0] not in NETWORK_FILE_SYSTEMS:
+        return url
+    kind, point = mount
+    raise StorageError(
+        f"experience storage {url.database}: the SQLite file is on a network file system ({kind} mounted "
+        f"at {point}). SQLite's write-ahead log needs every process that opens the file on one machine, and "
+        "on a network file system it fails to lock or corrupts the buffer. Set buffer.storage.url to a file "
+        "on a local disk of this machine (a Ray run opens the buffer on the driver's node only), or to a "
+        "PostgreSQL URL (postgresql+psycopg2://user:password@host:5432/database) when processes on several "
+        "machines share the buffer (docs/cluster.md)"
+    )
 
 
 def create_engine(url: sa.URL, where: str) -> sa.Engine:

@@ -73,6 +73,13 @@ class ClusterConfig(StrictModel):
     max_restarts: int = Field(3, ge=0, le=1000)
     """ray: times a rollout engine or explorer actor that dies is restarted (its requests, or its step, are
     sent again)."""
+    checkpoint_files: Literal["auto", "shared", "driver"] = "auto"
+    """ray: how trainer ranks on other nodes write checkpoints and read them on resume. shared: straight
+    into the run folder, which every trainer node must see at the same path (a network file system; checked
+    at each save, an error naming the rank's node where it does not); driver: into a temporary folder of
+    the rank's node, the files sent to the driver through Ray's object store (no shared file system needed;
+    on resume the driver sends them back); auto: shared for each rank that sees the run folder, driver for
+    each that does not."""
 
 
 class FaultsConfig(StrictModel):

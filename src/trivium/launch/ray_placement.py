@@ -57,6 +57,7 @@ class RayPlacement:
             RayCluster.current(), cfg, stage.name, state.model, pad, total, state.config_dir
         )
         try:
+            trainer.routes(run_dir / "checkpoints" / stage.name, "first checkpoint")  # shared: seen by all?
             yield trainer
         finally:
             trainer.close()

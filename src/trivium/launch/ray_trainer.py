@@ -4,9 +4,10 @@ torch.distributed group, the driver making every call on all of them.
 ``RayTrainer`` is what the train loop talks to (the same calls as ``Trainer`` or ``ranks.LeaderTrainer``):
 each collective call (``train_step``, ``export_weights``, ``save_model``, ``load_state_dict``) is sent to
 every rank actor at once and rank 0's answer is returned. The model reaches the ranks through Ray's object
-store (its architecture, LoRA adapters and weights): no shared file system is needed for it. Checkpoints
-are written by the ranks into the run folder, which must therefore be on a file system every trainer
-node sees (one machine, or a network file system).
+store (its architecture, LoRA adapters and weights): no shared file system is needed for it. Nor for
+checkpoints (``cluster.checkpoint_files``, ``ray_files.py``): a rank that sees the run folder writes its
+part there, one that does not sends its files to the driver, which writes them; on resume the driver sends
+each such rank the files it reads.
 
 A rank actor that dies ends the run with ``RankFailed`` naming it and its node; ``trivium run`` again
 resumes from the newest checkpoint.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,8 @@ import torch
 
 from trivium.launch.ranks import RankFailed
 from trivium.launch.ray_cluster import RayCluster, Request, placement_info
-from trivium.launch.trainer_handle import COLLECTIVE, FanOutTrainer
+from trivium.launch.trainer_handle import COLLECTIVE, FanOutTrainer, rank_state
+from trivium.trainer.model_io import SHARDS_DIR
 from trivium.trainer.parallel import STRATEGIES, make_parallel
 
 log = logging.getLogger(__name__)
@@ -102,6 +105,36 @@ class TrainerRankActor:
     def call(self, command: str, *args: Any) -> Any:
         return getattr(self.trainer, command)(*args)
 
+    def sees(self, folder: str, marker: str) -> tuple[bool, str]:
+        """Whether this rank sees the driver's ``marker`` in ``folder``, and this rank's node."""
+        from trivium.launch.ray_files import sees
+
+        return sees(folder, marker), placement_info()["node"]
+
+    def save_model(self, folder: str, through_driver: bool) -> Any:
+        """Collective: this rank's part of the checkpoint ``folder``, written there, or (``through_driver``)
+        written into a temporary folder of this node and returned as ``ray_files.pack`` chunks."""
+        if not through_driver:
+            self.trainer.save_model(Path(folder))
+            return None
+        from trivium.launch.ray_files import pack
+
+        with tempfile.TemporaryDirectory(prefix="trivium-checkpoint-") as tmp:
+            self.trainer.save_model(Path(tmp))
+            return pack(Path(tmp))
+
+    def load_state_dict(self, state: dict[str, Any], folder: str | None, packed: Any) -> None:
+        """Collective: continue from a checkpoint's trainer state; ``packed`` (its files, sent by the driver)
+        where this rank does not see ``folder``."""
+        if packed is None:
+            self.trainer.load_state_dict(state, None if folder is None else Path(folder))
+            return
+        from trivium.launch.ray_files import unpack
+
+        with tempfile.TemporaryDirectory(prefix="trivium-resume-") as tmp:
+            unpack(packed, Path(tmp))
+            self.trainer.load_state_dict(state, Path(tmp))
+
     def close(self) -> None:
         import torch.distributed as dist
 
@@ -114,8 +147,17 @@ class RayTrainer(FanOutTrainer):
 
     COMMANDS = (*COLLECTIVE, "state_dict")
 
-    def __init__(self, cluster: RayCluster, ranks: list[Any], algorithm, names: list[str]):
+    def __init__(
+        self,
+        cluster: RayCluster,
+        ranks: list[Any],
+        algorithm,
+        names: list[str],
+        checkpoint_files: str = "auto",
+    ):
         self.cluster, self.ranks, self.algorithm, self.names = cluster, ranks, algorithm, names
+        self.checkpoint_files = checkpoint_files  # cluster.checkpoint_files of the stage
+        self.said_blind = False  # the ranks that do not see the run folder were named in the log
         self.step = 0
 
     @classmethod
@@ -161,16 +203,66 @@ class RayTrainer(FanOutTrainer):
         log.info(
             "trainer: strategy %s on %d Ray actor(s) (%s)", cfg.trainer.strategy, world, ", ".join(names)
         )
-        return cls(cluster, ranks, AlgorithmSpec.from_config(cfg.algorithm), names)
+        spec = AlgorithmSpec.from_config(cfg.algorithm)
+        return cls(cluster, ranks, spec, names, cfg.cluster.checkpoint_files)
 
     def train_step(self, batch) -> dict[str, float]:
         metrics = super().train_step(batch)
         self.step += 1
         return metrics
 
+    def save_model(self, folder: Path) -> None:
+        """Every rank's part of the checkpoint ``folder``: straight into it where a rank sees it, through the
+        object store and this process where it does not (``cluster.checkpoint_files``)."""
+        from trivium.launch.ray_files import unpack
+
+        folder = Path(folder)
+        through_driver = self.routes(folder.parent, "save")
+        refs = [a.save_model.remote(str(folder), away) for a, away in zip(self.ranks, through_driver)]
+        for packed in self._gather(refs, "save_model"):
+            if packed is not None:
+                unpack(packed, folder)
+
     def load_state_dict(self, state: dict[str, Any], folder: Path | None = None) -> None:
-        super().load_state_dict(state, folder)
+        """Every rank continues from the checkpoint ``folder``; the ranks that do not see it get its
+        sharded optimizer state (``dcp/``, the only files a rank reads there) from this process."""
+        from trivium.launch.ray_files import pack
+
+        through_driver = [False] * len(self.ranks)
+        packed = None
+        if folder is not None and (Path(folder) / SHARDS_DIR).is_dir():
+            through_driver = self.routes(Path(folder).parent, "resume")
+            if any(through_driver):
+                packed = pack(Path(folder) / SHARDS_DIR)
+                packed = [(f"{SHARDS_DIR}/{name}", chunks) for name, chunks in packed]
+        where = None if folder is None else str(folder)
+        refs = [
+            a.load_state_dict.remote(rank_state(state), where, packed if away else None)
+            for a, away in zip(self.ranks, through_driver)
+        ]
+        self._gather(refs, "load_state_dict")
         self.step = state["step"]
+
+    def routes(self, folder: Path, doing: str) -> list[bool]:
+        """Per rank, whether its checkpoint files go through this process (it does not see ``folder``, the
+        stage's checkpoints, or ``cluster.checkpoint_files`` is driver); ``shared`` where a rank does not see
+        it is a ``ClusterError`` naming the rank and its node (``ray_files.routes``)."""
+        import ray
+
+        from trivium.launch.ray_files import Visibility, routes
+
+        if self.checkpoint_files == "driver":
+            return [True] * len(self.ranks)
+        check = Visibility(folder)
+        with check.written() as marker:
+            seen = ray.get([a.sees.remote(str(check.folder), marker) for a in self.ranks])
+        away = routes(self.checkpoint_files, seen, self.names, check.folder, doing)
+        if any(away) and not self.said_blind:
+            self.said_blind = True
+            blind = [name for name, through in zip(self.names, away) if through]
+            log.info("checkpoints: %s do not see the run folder %s; their files go through the driver",
+                     ", ".join(blind), check.folder)  # fmt: skip
+        return away
 
     def state_dict(self) -> dict[str, Any]:
         import ray
@@ -185,11 +277,14 @@ class RayTrainer(FanOutTrainer):
         self.cluster.kill("trainer")
 
     def _everywhere(self, command: str, *args: Any) -> Any:
+        return self._gather([a.call.remote(command, *args) for a in self.ranks], command)[0]
+
+    def _gather(self, refs: list, command: str) -> list:
+        """Every rank's answer to ``command`` (one ref per rank, in rank order); a dead rank named."""
         import ray
 
-        refs = [a.call.remote(command, *args) for a in self.ranks]
         try:
-            return ray.get(refs)[0]
+            return ray.get(refs)
         except ray.exceptions.RayError as error:
             # a dead rank makes the others' collectives fail too: name the one that died, when one did
             dead = next((n for n, ref in zip(self.names, refs) if _failed(ref)), None)
