@@ -125,7 +125,19 @@ def test_the_wheel_installs_into_a_fresh_venv_and_runs_the_quickstart_from_an_em
 
     # the extras name what they install (the wheel's metadata: what pip reads)
     extras = set(meta.get_all("Provides-Extra"))
-    assert {"ray", "trackers", "tensorboard", "wandb", "mlflow", "postgres", "bench", "test", "dev"} <= extras
+    named = {
+        "ray",
+        "vllm",
+        "trackers",
+        "studio",
+        "tensorboard",
+        "wandb",
+        "mlflow",
+        "postgres",
+        "bench",
+        "test",
+    }
+    assert named | {"dev"} <= extras
     requires = meta.get_all("Requires-Dist")
 
     def extra(name: str) -> set[str]:
@@ -133,7 +145,8 @@ def test_the_wheel_installs_into_a_fresh_venv_and_runs_the_quickstart_from_an_em
             r.split(";")[0].split(">")[0].split("<")[0].strip() for r in requires if f'extra == "{name}"' in r
         }
 
-    assert extra("ray") == {"ray"} and extra("postgres") == {"psycopg2-binary"}
+    assert extra("ray") == {"ray"} and extra("postgres") == {"psycopg2-binary"} and extra("vllm") == {"vllm"}
+    assert extra("studio") == {"fastapi", "uvicorn"}
     assert extra("trackers") == {"tensorboard", "wandb", "mlflow-skinny", "alembic"}
     assert {"ray", "wandb", "trl", "psycopg2-binary", "trivium[test]"} <= extra("dev")
     assert {"pytest", "build", "setuptools"} <= extra("test")

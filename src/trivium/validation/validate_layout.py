@@ -116,7 +116,7 @@ def _check_engine(cfg: TriviumConfig, at) -> list[Problem]:
                 at("explorer.rollout.engine_type"),
                 "vllm",
                 "the vllm package is not installed in this Python environment",
-                "on a CUDA machine `pip install vllm`; on a CPU-only machine `bash scripts/setup_vllm_cpu.sh` "
+                "on a CUDA machine `pip install 'trivium[vllm]'`; on a CPU-only machine `bash scripts/setup_vllm_cpu.sh` "
                 "and run trivium from that venv (.venv-vllm/bin/trivium); or use engine_type: transformers",
             )
         ]
