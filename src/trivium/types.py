@@ -22,7 +22,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["Experience", "PreferencePair", "Task", "TrainBatch", "collate", "collate_pairs"]
+__all__ = [
+    "Experience",
+    "PreferencePair",
+    "Task",
+    "TrainBatch",
+    "collate",
+    "collate_pairs",
+    "version_runs",
+]
 
 
 @dataclass(frozen=True)
@@ -96,6 +104,18 @@ class Experience:
 
     def replace(self, **changes: Any) -> Experience:
         return dataclasses.replace(self, **changes)
+
+    def action_versions(self) -> list[int]:
+        """The weights version that sampled each action token, in order: from ``info["token_versions"]``
+        (``version_runs`` over the response; -1 where not told) or else ``model_version`` for all."""
+        runs = self.info.get("token_versions")
+        if not runs:
+            return [self.model_version] * self.num_action_tokens
+        per_token = [int(v) for v, count in runs for _ in range(int(count))]
+        mask = self.action_mask.tolist()
+        if len(per_token) != len(mask):  # written by other code: trust the experience's own version
+            return [self.model_version] * self.num_action_tokens
+        return [v if v >= 0 else self.model_version for v, m in zip(per_token, mask) if m]
 
 
 @dataclass(frozen=True)
@@ -200,6 +220,18 @@ class TrainBatch:
         """Broadcast a per-sequence tensor ``[N]`` to ``[R, L]`` (0 on padding)."""
         out = values[self.seq_index.clamp(min=0)]
         return torch.where(self.seq_index >= 0, out, torch.zeros_like(out))
+
+
+def version_runs(versions: Sequence[int]) -> list[list[int]]:
+    """``[[version, count], ...]``: a per-token version list in runs (``info["token_versions"]``; -1 marks a
+    token no model sampled, or one whose version the engine did not say)."""
+    runs: list[list[int]] = []
+    for v in versions:
+        if runs and runs[-1][0] == v:
+            runs[-1][1] += 1
+        else:
+            runs.append([int(v), 1])
+    return runs
 
 
 def collate(

@@ -224,6 +224,13 @@ def test_autocast_only_over_fp32_weights_of_the_transformers_engine(data_dir, ro
     validate_raw(base(explorer={"rollout": {"autocast_dtype": "bfloat16"}}), data_dir)  # fp32 weights: fine
 
 
+def test_in_flight_updates_are_the_transformers_engine_s(data_dir):
+    rollout = {"engine_type": "vllm", "in_flight_updates": True}
+    (p,) = [p for p in problems_of(base(explorer={"rollout": rollout}), data_dir).problems]
+    assert p.path == "explorer.rollout.in_flight_updates" and "engine_type: transformers" in p.fix
+    validate_raw(base(explorer={"rollout": {"in_flight_updates": True}}), data_dir)  # transformers: fine
+
+
 def test_jsonl_storage_refuses_what_an_append_only_file_cannot_do(data_dir):
     raw = base(mode="both")
     raw["buffer"]["storage"] = {"backend": "jsonl", "policy": "replay", "url": "postgresql://h/db"}

@@ -59,10 +59,15 @@ def test_memory_queue_killed_at_a_random_moment_resumes_equal_to_an_uninterrupte
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("in_flight", [False, True], ids=["updates-between-batches", "in-flight-updates"])
 def test_explorer_running_ahead_killed_at_a_random_moment_trains_every_step_once(
-    tmp_path, tiny_model_dir, word_problem_dir
+    tmp_path, tiny_model_dir, word_problem_dir, in_flight
 ):
+    """With in-flight updates (partial rollouts) the sync loads weights into generations still running:
+    a kill then also lands among generations that span two versions; every step is still trained once."""
     sync = {"synchronizer": {"sync_offset": 1, "max_staleness": 1}}
+    if in_flight:  # longer answers, so that the trainer's syncs land inside running generations
+        sync["explorer"] = {"rollout": {"max_tokens": 24, "in_flight_updates": True}}
     where, err = _kill_and_rerun(tmp_path, tiny_model_dir, word_problem_dir, "ahead", 7, **sync)
     assert "resuming from" in err, where
     got = _trained_steps(read_metrics(run_dir(tmp_path, "ahead")))
@@ -70,6 +75,8 @@ def test_explorer_running_ahead_killed_at_a_random_moment_trains_every_step_once
     for r in got:
         assert r["train/sequences"] == r["rollout/experiences"] == PER_STEP, (where, r["step"])
         assert r["staleness/max"] <= 1 and r.get("staleness/dropped", 0) == 0
+        assert r["staleness/token_max"] <= 1  # a token is never older than its sample's model_version
+        assert ("rollout/in_flight_weight_loads" in r) == in_flight
     assert final_explorer_state(run_dir(tmp_path, "ahead"), "main", STEPS) == final_explorer_state(
         run_dir(tmp_path, "ahead-ref"), "main", STEPS
     )

@@ -10,7 +10,7 @@ from trivium.models.weights import WeightSyncError, weights_checksum
 from trivium.sync.memory import MemorySync
 from trivium.sync.protocol import SyncStopped
 from trivium.sync.versions import is_sync_step, required_version, staleness_filter
-from trivium.types import Experience
+from trivium.types import Experience, version_runs
 
 
 @pytest.mark.parametrize(
@@ -45,6 +45,8 @@ def test_staleness_drop_and_keep():
     assert m == {
         "staleness/mean": 2.0,
         "staleness/max": 4.0,
+        "staleness/token_mean": 2.0,  # one action token each
+        "staleness/token_max": 4.0,
         "staleness/over_limit": 2.0,
         "staleness/dropped": 2.0,
     }
@@ -52,6 +54,24 @@ def test_staleness_drop_and_keep():
     assert len(kept) == 4 and m["staleness/over_limit"] == 2.0 and "staleness/dropped" not in m
     kept, m = staleness_filter(batch, trainer_version=5, max_staleness=None, policy="drop")
     assert len(kept) == 4 and "staleness/over_limit" not in m
+
+
+def test_a_partial_rollout_s_tokens_are_as_stale_as_the_weights_that_sampled_each():
+    """A sample that spanned an in-flight update (versions 3 then 5; an environment token between, -1) is
+    one experience of staleness 2 by its model_version, and tokens of staleness 2, 2 and 0."""
+    spanning = Experience(
+        tokens=torch.tensor([1, 2, 3, 4, 5]),
+        prompt_length=1,
+        action_mask=torch.tensor([True, True, False, True]),
+        logprobs=torch.zeros(4),
+        model_version=3,
+        info={"token_versions": version_runs([3, 3, -1, 5])},
+    )
+    assert spanning.info["token_versions"] == [[3, 2], [-1, 1], [5, 1]]
+    assert spanning.action_versions() == [3, 3, 5]
+    _, m = staleness_filter([spanning], trainer_version=5, max_staleness=None, policy="drop")
+    assert m["staleness/mean"] == 2.0 and m["staleness/max"] == 2.0
+    assert m["staleness/token_mean"] == 4 / 3 and m["staleness/token_max"] == 2.0
 
 
 class Engine:

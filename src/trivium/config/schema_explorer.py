@@ -25,6 +25,13 @@ class RolloutConfig(StrictModel):
     autocast_dtype: Literal["bfloat16", "float16"] | None = None
     """transformers engine only: keep the weights in ``dtype`` and run the forward under torch.autocast in
     this dtype (matmuls in bf16, the rest fp32). None: off."""
+    in_flight_updates: bool = False
+    """transformers engine only (partial rollouts): a weight sync does not wait for running generations;
+    they load the new weights at the next token, prefill what they have so far again under them, and go
+    on. Each token records the version that sampled it (staleness/token_*), its log-prob is that version's,
+    and the trainer's rollout correction (algorithm.rollout_is_cap) weighs each token by it. Useful where
+    generations run while the trainer syncs: mode both with synchronizer.sync_offset >= 1, decoupled
+    processes, Ray engines."""
     vllm_kv_cache_gb: float | None = Field(None, gt=0, le=1e5)
     """vLLM only: KV cache size in GiB. None: 1 GiB on CPU (or VLLM_CPU_KVCACHE_SPACE), and on GPU the
     vllm_gpu_memory_utilization share."""

@@ -241,6 +241,11 @@ class Explorer:
             }
         )
         metrics.update(duration_metrics(tally.task_seconds))
+        if (
+            "rollout/in_flight_weight_loads" in metrics
+        ):  # partial rollouts: samples whose tokens span versions
+            spans = [len(set(e.action_versions())) > 1 for e in tally.sampled]
+            metrics["rollout/mixed_version_samples"] = float(sum(spans))
         metrics["rollout/timed_out_tasks"] = float(tally.timed_out)
         if self.over_rollout_ratio > 1:
             metrics["rollout/cancelled_tasks"] = float(tally.cancelled)

@@ -131,6 +131,7 @@ def build_rollout_model(
         dtype=dtype,
         seed=cfg.seed,
         autocast_dtype=r.autocast_dtype,
+        in_flight_updates=r.in_flight_updates,
     )
     engine.version = version
     return BatchingRolloutModel(engine)

@@ -7,7 +7,9 @@ the explorer runs in its own thread and the trainer (the loop's thread) consumes
   ``sync/versions.py``; the loop is ``launch/explore_steps.py``'s, shared with a decoupled run's explore
   process): the thread waits in ``MemorySync.pull``, which the trainer's ``publish`` wakes.
   A large offset is fully asynchronous (the bounded queue then limits how far ahead the explorer gets).
-- The engine's lock keeps a weight update out of a running batch.
+- The engine's lock keeps a weight update out of a running batch; with ``explorer.rollout.in_flight_updates``
+  (partial rollouts) the running batch takes the update at its next token instead, so the trainer's sync
+  does not wait for the explorer's longest generation.
 - Evaluation runs on the explorer thread between its steps (the engine serves one batch at a time) with
   the newest weights, and writes its own metrics record.
 """

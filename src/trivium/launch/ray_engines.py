@@ -60,7 +60,7 @@ def engines_spec(cfg) -> str:
         "seed": cfg.seed,
         "model": cfg.model.model_dump(),
         "rollout": r.model_dump(
-            include={"engine_type", "dtype", "autocast_dtype", "vllm_kv_cache_gb",
+            include={"engine_type", "dtype", "autocast_dtype", "in_flight_updates", "vllm_kv_cache_gb",
                      "vllm_gpu_memory_utilization", "vllm_enforce_eager"}
         ),
     }  # fmt: skip
@@ -119,10 +119,12 @@ class EngineActor:
     def load_sampler_state(self, state: dict) -> None:
         self.engine.load_sampler_state(state)
 
-    def peak_rss_mb(self) -> float:
+    def metrics(self) -> dict[str, float]:
+        """The engine's own counters, and this process's peak RSS."""
         import resource
 
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+        return {**self.engine.metrics(), "rollout/engine_peak_rss_mb": peak}
 
 
 class EnginePool:
@@ -180,7 +182,11 @@ class EnginePool:
                 }
             else:
                 device = "cuda" if cfg.cluster.engine.num_gpus > 0 else "cpu"
-                args |= {"device": device, "autocast_dtype": r.autocast_dtype}
+                args |= {
+                    "device": device,
+                    "autocast_dtype": r.autocast_dtype,
+                    "in_flight_updates": r.in_flight_updates,
+                }
             actors.append(
                 cluster.start(
                     "engine",
@@ -259,12 +265,15 @@ class EnginePool:
         self._each(lambda i, actor: actor.load_sampler_state.remote(saved[i]))
 
     def metrics(self) -> dict[str, float]:
-        """Restarts so far, and the largest peak RSS of an engine actor."""
-        peaks = self._each(lambda i, actor: actor.peak_rss_mb.remote())
-        return {
-            "rollout/engine_restarts": float(self.restarts),
-            "rollout/engine_peak_rss_mb": max(peaks.values()),
-        }
+        """Restarts so far, the largest peak RSS of an engine actor, and the engines' counters summed
+        (in-flight weight loads)."""
+        answers = list(self._each(lambda i, actor: actor.metrics.remote()).values())
+        summed: dict[str, float] = {}
+        for answer in answers:
+            for key, value in answer.items():
+                summed[key] = summed.get(key, 0.0) + value
+        summed["rollout/engine_peak_rss_mb"] = max(a["rollout/engine_peak_rss_mb"] for a in answers)
+        return {"rollout/engine_restarts": float(self.restarts), **summed}
 
     # --- failures -----------------------------------------------------------------------------------
     def _each(self, call: Callable[[int, Any], Any], which: list[int] | None = None) -> dict[int, Any]:

@@ -116,7 +116,7 @@ class BatchingRolloutModel:
         return getattr(self.engine, "eos_ids", None)
 
     def update_weights(self, state_dict: Mapping[str, Tensor], version: int) -> None:
-        self.engine.update_weights(state_dict, version)  # the engine's lock keeps it out of a running batch
+        self.engine.update_weights(state_dict, version)  # between batches, or in flight (the engine's choice)
 
     def state_dict(self) -> dict[str, Tensor]:
         return self.engine.state_dict()

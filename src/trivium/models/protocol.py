@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -95,12 +95,20 @@ class Generation:
     logprobs: tuple[float, ...]
     finish_reason: FinishReason
     text: str
+    # the weights version that sampled each response token, where the engine knows it (empty: not told);
+    # a generation that spans an in-flight weight update (explorer.rollout.in_flight_updates) has two or more
+    versions: tuple[int, ...] = field(default=(), compare=False)  # what was sampled compares, not by whom
 
     def __post_init__(self) -> None:
         if len(self.logprobs) != len(self.response_ids):
             raise ValueError(
                 f"Generation.logprobs has {len(self.logprobs)} entries but response_ids has "
                 f"{len(self.response_ids)}; they must be aligned one per response token"
+            )
+        if self.versions and len(self.versions) != len(self.response_ids):
+            raise ValueError(
+                f"Generation.versions has {len(self.versions)} entries but response_ids has "
+                f"{len(self.response_ids)}; give one per response token, or none"
             )
 
 
@@ -121,7 +129,9 @@ class RolloutModel(Protocol):
         ...
 
     def update_weights(self, state_dict: Mapping[str, Tensor], version: int) -> None:
-        """Copy ``state_dict`` into the weights (any device/dtype) and set ``version``; never mid-generate."""
+        """Copy ``state_dict`` into the weights (any device/dtype) and set ``version``: between generate calls,
+        or (an engine with in-flight updates) at the next token boundary of a running one; the new version is
+        held when this returns."""
         ...
 
     def state_dict(self) -> dict[str, Tensor]: ...

@@ -71,6 +71,7 @@ class Transcript:
         self.prompt_length = len(self.tokens)
         self.mask: list[bool] = []
         self.logprobs: list[float] = []
+        self.versions: list[int] = []  # weights version per response token (-1: environment, or not told)
         self.turns = 0  # model turns so far
         self._awaiting_model = True  # the transcript ends with a generation prompt
         self._glue: _Glue | None = None
@@ -80,6 +81,7 @@ class Transcript:
         other = copy.copy(self)
         other.messages = [dict(m) for m in self.messages]
         other.tokens, other.mask, other.logprobs = list(self.tokens), list(self.mask), list(self.logprobs)
+        other.versions = list(self.versions)
         return other
 
     @property
@@ -106,6 +108,7 @@ class Transcript:
         self.tokens += gen.response_ids
         self.mask += [True] * len(gen.response_ids)
         self.logprobs += list(gen.logprobs)
+        self.versions += list(gen.versions) if gen.versions else [-1] * len(gen.response_ids)
         self.messages.append(
             dict(message) if message is not None else {"role": "assistant", "content": gen.text}
         )
@@ -135,6 +138,7 @@ class Transcript:
         self.tokens += added
         self.mask += [False] * len(added)
         self.logprobs += [0.0] * len(added)
+        self.versions += [-1] * len(added)
         self.messages += new
         self._awaiting_model = True
         return added

@@ -13,7 +13,13 @@ weights, on a 25M model with ~100-token answers):
   first real token, exactly as in the trainer's teacher-forced pass, so log-probs match it (see
   ``protocol.py`` for the contract; exact to ~1e-5 in fp32).
 - Attention is the model's own (sdpa by default); nothing here re-implements it.
-- One lock serialises ``generate`` and ``update_weights``: weights never change under a running batch.
+- One lock serialises ``generate`` and ``update_weights``: weights never change under a running batch,
+  unless ``in_flight_updates`` (``explorer.rollout.in_flight_updates``, partial rollouts): then an update
+  that arrives while a batch decodes is handed to its decode loop, which loads it at the next token
+  boundary, prefills every live row's prompt and response so far again under the new weights (so each
+  token's log-prob is exactly the log-prob of the weights that sampled it, as a teacher-forced pass of
+  those weights computes it), and goes on; ``Generation.versions`` says which weights sampled each token.
+  The update returns once the new weights are in, without waiting for the batch to end.
 - Lower precision is the caller's choice, two ways (measured on the 25M workload, benchmarks/engines.py):
   bf16 *weights* (``dtype``: the engine's copy of the policy is cast, memory halves) or bf16 *autocast*
   (``autocast_dtype``: fp32 weights, matmuls in bf16). Either way the reported log-probs are fp32
@@ -75,6 +81,7 @@ class TransformersEngine:
         dtype: str | torch.dtype,
         seed: int | None = None,
         autocast_dtype: str | torch.dtype | None = None,
+        in_flight_updates: bool = False,
     ):
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
@@ -98,6 +105,12 @@ class TransformersEngine:
         else:
             self.generator.manual_seed(seed)
         self._lock = threading.Lock()
+        self.in_flight_updates = in_flight_updates
+        self._incoming: tuple[dict[str, torch.Tensor], int] | None = None  # weights for the running batch
+        self._incoming_cv = threading.Condition()
+        self._updating = threading.Lock()  # one in-flight update at a time
+        self.decode_steps = 0  # tokens decoded per row so far, all calls (a test waits on it)
+        self.in_flight_loads = 0  # updates loaded inside a running batch
         # Run one torch op on the constructing (usually the main) thread: when the first op of the process
         # ran on a worker thread instead (a server's request thread), decoding there was ~10x slower on CPU.
         torch.ones(8, 8) @ torch.ones(8, 8)
@@ -143,7 +156,7 @@ class TransformersEngine:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(seed)
         with self._lock, torch.inference_mode():
-            responses, logprobs, reasons = self._decode(prompts, params, generator)
+            responses, logprobs, reasons, versions = self._decode(prompts, params, generator)
         stopper = StopChecker(params, self.eos_ids, self._tokenizer)
         texts = self._tokenizer.batch_decode(responses, skip_special_tokens=True)
         out: list[list[Generation]] = []
@@ -157,6 +170,7 @@ class TransformersEngine:
                         logprobs=tuple(logprobs[r]),
                         finish_reason=reasons[r],
                         text=stopper.final_text(texts[r]),
+                        versions=tuple(versions[r]),
                     )
                     for r in rows
                 ]
@@ -177,9 +191,38 @@ class TransformersEngine:
             version,
             type(self.model).__name__,
         )
-        with self._lock, torch.no_grad():
-            self.model.load_state_dict(full, strict=True)
+        if not self.in_flight_updates:
+            with self._lock, torch.no_grad():
+                self.model.load_state_dict(full, strict=True)
+                self.version = version
+            return
+        with self._updating:
+            with self._incoming_cv:
+                self._incoming = (full, version)
+            while True:
+                if self._lock.acquire(blocking=False):  # no batch running: load them here
+                    try:
+                        self._load_incoming()
+                    finally:
+                        self._lock.release()
+                with self._incoming_cv:  # else the running batch's decode loop loads them at its next token
+                    if self._incoming is None:
+                        return
+                    self._incoming_cv.wait(timeout=0.005)
+                    if self._incoming is None:
+                        return
+
+    def _load_incoming(self) -> bool:
+        """Load the weights ``update_weights`` handed over, if any (the caller holds ``_lock``)."""
+        with self._incoming_cv:
+            if self._incoming is None:
+                return False
+            (full, version), self._incoming = self._incoming, None
+            with torch.no_grad():
+                self.model.load_state_dict(full, strict=True)
             self.version = version
+            self._incoming_cv.notify_all()
+        return True
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.model.state_dict()
@@ -189,7 +232,10 @@ class TransformersEngine:
         return next(self.model.parameters()).dtype
 
     def metrics(self) -> dict[str, float]:
-        return {}
+        """With in-flight updates: how many weight loads happened inside a running batch (all calls)."""
+        return (
+            {"rollout/in_flight_weight_loads": float(self.in_flight_loads)} if self.in_flight_updates else {}
+        )
 
     def weights_checksum(self) -> str:
         from trivium.models.weights import weights_checksum
@@ -218,8 +264,9 @@ class TransformersEngine:
     # ------------------------------------------------------------------------------------------ decode loop
     def _decode(
         self, prompts: list[list[int]], params: SamplingParams, generator: torch.Generator
-    ) -> tuple[list[list[int]], list[list[float]], list[FinishReason]]:
-        """Sample ``params.n`` responses per prompt; rows are prompt-major (row ``i * n + j``)."""
+    ) -> tuple[list[list[int]], list[list[float]], list[FinishReason], list[list[int]]]:
+        """Sample ``params.n`` responses per prompt; rows are prompt-major (row ``i * n + j``). Also the
+        weights version that sampled each token (more than one where an in-flight update came)."""
         n_rows = len(prompts) * params.n
         stopper = StopChecker(params, self.eos_ids, self._tokenizer)
         budgets = [min(params.max_tokens, self.max_length - len(p)) for p in prompts for _ in range(params.n)]
@@ -227,26 +274,38 @@ class TransformersEngine:
 
         responses: list[list[int]] = [[] for _ in range(n_rows)]
         logprobs: list[list[float]] = [[] for _ in range(n_rows)]
+        versions: list[list[int]] = [[] for _ in range(n_rows)]
         reasons: list[FinishReason] = ["length"] * n_rows
         alive = list(range(n_rows))  # global row of each row of the running batch
+        version = self.version  # of the weights that computed ``logits``
         while True:
             tokens, token_logprobs = sample_next(logits, params, generator)
+            self.decode_steps += 1
             keep: list[int] = []
             for i, (row, tok, lp) in enumerate(zip(alive, tokens.tolist(), token_logprobs.tolist())):
                 responses[row].append(tok)
                 logprobs[row].append(lp)
+                versions[row].append(version)
                 reason = stopper.finish_reason(responses[row], budgets[row])
                 if reason is None:
                     keep.append(i)
                 else:
                     reasons[row] = reason
             if not keep:
-                return responses, logprobs, reasons
+                return responses, logprobs, reasons, versions
             if len(keep) < len(alive):  # compact: finished rows leave the batch and the cache
                 index = torch.tensor(keep, device=self.device)
                 cache.batch_select_indices(index)
                 attention, next_pos, tokens = attention[index], next_pos[index], tokens[index]
                 alive = [alive[i] for i in keep]
+            if self._incoming is not None and self._load_incoming():
+                # new weights mid-batch: every live row's prompt and response so far prefilled again under them
+                self.in_flight_loads += 1
+                version = self.version
+                rows = [prompts[row // params.n] + responses[row] for row in alive]
+                left = max(budgets[row] - len(responses[row]) for row in alive)
+                cache, logits, attention, next_pos = self._prefill(rows, 1, left)
+                continue
             attention = torch.cat([attention, attention.new_ones(len(alive), 1)], dim=1)
             out = self._forward(
                 input_ids=tokens[:, None],

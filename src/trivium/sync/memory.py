@@ -1,6 +1,7 @@
 """Weight sync within one process: the trainer copies its weights into the rollout model it drives.
 
-``publish`` copies (``engine.update_weights``; the engine's lock keeps it out of a running batch),
+``publish`` copies (``engine.update_weights``; the engine's lock keeps it out of a running batch, or with
+``explorer.rollout.in_flight_updates`` the running batch loads it at its next token),
 verifies the engine's checksum against the sent weights when ``verify`` is on, and wakes any explorer
 thread that waits in ``pull`` for that version (mode both with ``sync_offset > 0``: the explorer runs ahead
 in its own thread, see ``launch/overlap.py``).

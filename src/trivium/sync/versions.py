@@ -49,11 +49,17 @@ def versions_needed(total: int, interval: int, offset: int = 0, start: int = 0) 
 def staleness_filter(
     experiences: Sequence, trainer_version: int, max_staleness: int | None, policy: str
 ) -> tuple[list, dict[str, float]]:
-    """Drop (or keep, by ``policy``) experiences staler than ``max_staleness``; staleness statistics."""
+    """Drop (or keep, by ``policy``) experiences staler than ``max_staleness`` (by ``model_version``, the
+    version the step began sampling with: the oldest of its tokens); staleness statistics, per experience
+    and per action token."""
     stale = [trainer_version - e.model_version for e in experiences]
+    # per action token: a partial rollout's tokens are of the version that sampled each
+    tokens = [trainer_version - v for e in experiences for v in e.action_versions()]
     metrics = {
         "staleness/mean": sum(stale) / max(1, len(stale)),
         "staleness/max": float(max(stale, default=0)),
+        "staleness/token_mean": sum(tokens) / max(1, len(tokens)),
+        "staleness/token_max": float(max(tokens, default=0)),
     }
     if max_staleness is None:
         return list(experiences), metrics

@@ -110,6 +110,16 @@ def _check_engine(cfg: TriviumConfig, at) -> list[Problem]:
         ]
     if r.engine_type != "vllm":
         return []
+    if r.in_flight_updates:
+        return [
+            Problem(
+                at("explorer.rollout.in_flight_updates"),
+                True,
+                "in-flight weight updates (partial rollouts) are built into the transformers engine only; the "
+                "vLLM engine loads weights between generate calls",
+                "use engine_type: transformers, or drop in_flight_updates",
+            )
+        ]
     if importlib.util.find_spec("vllm") is None:
         return [
             Problem(

@@ -18,7 +18,7 @@ import torch
 
 from trivium.models.handle import ModelHandle
 from trivium.models.protocol import Generation
-from trivium.types import Experience, Task
+from trivium.types import Experience, Task, version_runs
 
 
 class Workflow(ABC):
@@ -61,6 +61,7 @@ def experience_from_generation(
             "response": gen.text,
             "finish_reason": gen.finish_reason,
             **({"messages": messages} if messages else {}),
+            **({"token_versions": version_runs(gen.versions)} if gen.versions else {}),
         },
         metrics={**metrics, "response_length": float(len(gen.response_ids))},
     )

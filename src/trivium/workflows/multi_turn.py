@@ -41,7 +41,7 @@ from trivium.envs.calls import EnvTimeoutError, call_with_timeout
 from trivium.models.chat import TemplateError
 from trivium.models.handle import ModelHandle
 from trivium.models.transcript import Transcript, check_template
-from trivium.types import Experience, Task
+from trivium.types import Experience, Task, version_runs
 from trivium.workflows.base import Workflow
 from trivium.workflows.registry import register_workflow
 
@@ -225,10 +225,15 @@ class MultiTurnWorkflow(Workflow):
                 reward=float(sum(e.rewards)),
                 task_id=task.task_id,
                 run_index=e.run_index,
-                info={"end": e.reason, "turns": len(e.rewards)},
+                info={"end": e.reason, "turns": len(e.rewards), **_versions_info(t.versions)},
                 metrics={**metrics, "response_length": float(sum(t.mask))},
             )
         ]
+
+
+def _versions_info(versions: list[int]) -> dict:
+    """``info["token_versions"]`` where the engine said which weights sampled the tokens."""
+    return {"token_versions": version_runs(versions)} if any(v >= 0 for v in versions) else {}
 
 
 @register_workflow("multi_turn")
@@ -269,7 +274,12 @@ class StepWiseWorkflow(MultiTurnWorkflow):
                     task_id=task.task_id,
                     run_index=e.run_index,
                     turn=turn,
-                    info={"end": e.reason, "turns": len(e.rewards), "step_reward": e.rewards[turn]},
+                    info={
+                        "end": e.reason,
+                        "turns": len(e.rewards),
+                        "step_reward": e.rewards[turn],
+                        **_versions_info(t.versions[start - t.prompt_length : end - t.prompt_length]),
+                    },
                     metrics={**metrics, "response_length": float(end - start)},
                 )
             )
