@@ -35,14 +35,20 @@ def test_the_delays_are_heavy_tailed_and_the_same_for_a_task_occurrence():
 def test_each_mode_runs_and_reports(bench, tiny_model_dir, tmp_path):
     args = argparse.Namespace(steps=2, tasks=4, threads=1)
     rows = []
-    for mode in ("sync", "over-rollout + dynamic timeout"):
+    partial = "over-rollout + dynamic timeout + partial rollouts"
+    for mode in ("sync", "over-rollout + dynamic timeout", partial):
         name = mode.replace(" + ", "-").replace(" ", "-")
         row = bench.run(bench.config(tiny_model_dir, tmp_path, name, 0, args, bench.MODES[mode]), 0)
         row.update(mode=mode, seed=0)
         rows.append(row)
-    sync, over = rows
-    assert sync["steps"] == over["steps"] == 2 and sync["tasks"] == 8
+    sync, over, ahead = rows
+    assert sync["steps"] == over["steps"] == ahead["steps"] == 2 and sync["tasks"] == 8
     assert sync["cancelled_tasks"] == 0 and over["tasks"] == 10  # ceil(1.25 x 4) = 5 started a step
     assert over["experiences_trained"] == sync["experiences_trained"] == 2 * 4 * 8
+    assert [len(r["curve"]) for r in rows] == [2, 2, 2] and sync["curve"][-1][0] == 2 * 4 * 8
+    assert sync["in_flight_weight_loads"] == 0 and "token_staleness_mean" in ahead
     table = bench.markdown(rows, args)
     assert "| sync | 0 |" in table and "(1.00×)" in table
+    assert f"| {partial} | 1 |" in table  # the per-mode summary over seeds
+    bench.plot(rows, tmp_path / "long_tail.png")
+    assert (tmp_path / "long_tail.png").stat().st_size > 10_000
