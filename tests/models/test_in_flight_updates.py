@@ -33,7 +33,8 @@ def generate_across_an_update(engine, prompts, new_weights, after_tokens=5):
         assert worker.is_alive() and time.monotonic() < deadline, "the batch ended before the update"
         time.sleep(0.0005)
     engine.update_weights(new_weights, version=3)
-    returned_mid_batch = worker.is_alive()  # the update did not wait for the batch to end
+    engine.weights_checksum()  # what a sync checks right after its update
+    returned_mid_batch = worker.is_alive()  # neither waited for the batch to end
     worker.join(timeout=60)
     return [g for gens in out["gens"] for g in gens], returned_mid_batch
 
@@ -47,6 +48,10 @@ def test_an_update_mid_batch_is_loaded_at_the_next_token_and_each_token_keeps_it
     new = load_causal_lm(other_tiny_dir, dtype="float32", device="cpu")
     gens, returned_mid_batch = generate_across_an_update(engine, prompts, new.state_dict())
     assert returned_mid_batch and engine.version == 3 and engine.in_flight_loads == 1
+    assert (
+        engine.weights_checksum()
+        == TransformersEngine(new, engine.tokenizer, device="cpu", dtype="float32").weights_checksum()
+    )
     assert engine.metrics() == {"rollout/in_flight_weight_loads": 1.0}
     spanning = [g for g in gens if set(g.versions) == {0, 3}]
     assert spanning, [g.versions for g in gens]

@@ -238,9 +238,12 @@ class TransformersEngine:
         )
 
     def weights_checksum(self) -> str:
+        """A checksum of the weights as they are. With in-flight updates it does not wait for a running batch:
+        the weights change only when an update is handed over, which holds ``_updating`` (so a sync's check
+        right after its update reads the weights it loaded while the batch goes on)."""
         from trivium.models.weights import weights_checksum
 
-        with self._lock:
+        with self._updating if self.in_flight_updates else self._lock:
             return weights_checksum(self.model.state_dict())
 
     def sampler_state(self) -> dict:
