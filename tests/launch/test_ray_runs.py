@@ -135,6 +135,37 @@ def test_an_explorer_actor_running_ahead_equals_the_local_backend(e2e, tmp_path,
 
 
 @pytest.mark.integration
+@pytest.mark.slow
+def test_partial_rollouts_on_ray_engines_take_the_driver_s_weights_mid_generation(e2e, tmp_path, ray_cluster):
+    """explorer.rollout.in_flight_updates with the explorer actor a step ahead: the driver's weight push
+    reaches the engine actors (they serve calls concurrently) while they generate, and loads there at the
+    next token; every step is trained once on its own step's experiences."""
+    e2e.write(tmp_path)
+    path = config(e2e, tmp_path, "partial", ray_cluster_cfg(), grpo_steps=6)
+    cfg = yaml.safe_load(path.read_text())
+    cfg["synchronizer"] = {"sync_offset": 1}
+    cfg["explorer"]["rollout"] = {
+        **cfg["explorer"].get("rollout", {}),
+        "max_tokens": 64,
+        "in_flight_updates": True,
+    }
+    path.write_text(yaml.safe_dump(cfg))
+    result = run(path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    grpo = [
+        r
+        for r in read_metrics(tmp_path / "runs" / "e2e" / "partial")
+        if r["stage"] == "grpo" and "train/loss" in r
+    ]
+    assert [r["step"] for r in grpo] == list(range(1, 7))
+    assert all(r["train/sequences"] == r["rollout/experiences"] > 0 for r in grpo)
+    assert grpo[-1]["rollout/in_flight_weight_loads"] >= 1, [
+        r["rollout/in_flight_weight_loads"] for r in grpo
+    ]
+    assert any(r["rollout/mixed_version_samples"] > 0 for r in grpo)
+
+
+@pytest.mark.integration
 def test_a_placement_that_cannot_fit_fails_at_once_naming_the_field(e2e, tmp_path, ray_cluster):
     e2e.write(tmp_path)
     path = config(e2e, tmp_path, "greedy", ray_cluster_cfg(trainer_rank={"num_cpus": 0.5, "num_gpus": 8}))
