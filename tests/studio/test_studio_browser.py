@@ -121,7 +121,8 @@ def test_each_stage_has_its_own_charts_and_compare_aligns_stages(studio, browser
     assert (grpo.get_attribute("data-first"), grpo.get_attribute("data-last")) == ("5", "7")
     assert "sft: steps 1–4 · grpo: steps 5–7" in page.inner_text("#stage-strip")
     keys = ("train/grad_norm", "train/lr", "time/step", "time/train", "time/rollout")
-    for key in (*keys, "rollout/task_seconds_p95", "rollout/task_seconds_max"):  # (issue 30: the tail)
+    tail = ("rollout/task_seconds_p95", "rollout/task_seconds_max", "rollout/timed_out_tasks")  # (issue 30)
+    for key in (*keys, *tail):
         assert page.locator(f'svg[data-key="{key}"] polyline').count() >= 1, key
 
     page.goto(f"{studio.url}/#/compare?ids=e2e/two,e2e/one")

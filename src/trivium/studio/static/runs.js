@@ -15,6 +15,7 @@ const GROUPS = [
   ["staleness", /stale/],
   ["throughput", /tokens_per_s$/],
   ["task durations (s)", /^rollout\/(task_seconds_(p50|p95|max)|task_timeout_s)$/],
+  ["long tail", /^rollout\/(timed_out_tasks|cancelled_tasks|unused_groups|in_flight_weight_loads|mixed_version_samples)$/],
   ["phase times (s)", /^(time\/.*|rollout\/seconds|train\/seconds|sync\/seconds|sync\/wait_seconds|buffer\/wait_seconds)$/],
 ];
 
