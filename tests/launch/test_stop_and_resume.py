@@ -72,3 +72,45 @@ def test_resume_between_sync_steps_keeps_the_versions(e2e, tmp_path):
         r["rollout/model_version"] for r in got if r["stage"] == "grpo" and "rollout/model_version" in r
     ]
     assert versions == [5, 5, 7, 7, 9, 9]  # the SFT stage ends at version 5; then k = 2
+
+
+def test_a_sigterm_while_a_step_is_written_stops_after_the_next_step_with_its_checkpoint():
+    """The stop request was read twice, before a step's checkpoint was asked for and after: a SIGTERM that
+    landed between the two stopped the run naming a checkpoint that was never written (seen in the suite
+    once, the test above failing on a missing step_2). Now a request that lands while a step is written is
+    served after the next step, with that step's checkpoint. The loop's parts are stand-ins; the signal is
+    real (this process sends itself SIGTERM while step 2 is written)."""
+    import os
+    from types import SimpleNamespace
+
+    from trivium.config.schema import TriviumConfig
+    from trivium.launch.loop import train_loop
+    from trivium.launch.stopping import RunStopped
+
+    saves = []
+
+    class EndStep:
+        state, total = SimpleNamespace(version=0), 5
+        stage = SimpleNamespace(name="sft", config=TriviumConfig())
+        progress = SimpleNamespace(close=lambda: None)
+
+        def __call__(self, step, record, *, save, **_):
+            if step == 2:
+                os.kill(os.getpid(), signal.SIGTERM)  # handled by the loop's StopRequests: no exit
+            saves.append((step, save))
+            return f"checkpoints/sft/step_{step}" if save else None
+
+    source = SimpleNamespace(
+        next=lambda step, trainer_version: ([1], {}),
+        eval_in_loop=lambda step: False,
+        resume_state=dict,
+        checkpointed=lambda: None,
+        after_step=lambda step, evaluate: None,
+        close=lambda: None,
+    )
+    trainer = SimpleNamespace(train_step=lambda batch: {"train/loss": 0.0})
+    with pytest.raises(
+        RunStopped, match=r"after step 3 of stage sft; its checkpoint is checkpoints/sft/step_3"
+    ):
+        train_loop(EndStep(), source, trainer, None, done=0, start_version=0, sync_interval=1)
+    assert saves == [(1, False), (2, False), (3, True)]

@@ -231,18 +231,21 @@ def _steps(end_step, source, trainer, sync, stop, done, start_version, sync_inte
                 with PEAK_RSS.phase(record, "sync"):
                     record.update(sync.publish(trainer.export_weights(sync.wire_dtype), state.version))
                 record["time/sync"] = time.perf_counter() - t2
+        # read once: a request that lands while this step's record and checkpoint are written is served
+        # after the next step (reading it twice stopped a run whose checkpoint had not been asked for)
+        requested = stop.requested
         saved = end_step(
             step,
             record,
             evaluate=source.eval_in_loop(step),
             resume={"start_version": start_version, **source.resume_state()},
             on_saved=source.checkpointed,
-            save=stop.requested is not None,
+            save=requested is not None,
             profile=(t0, t1 - t0),
         )
-        if stop.requested is not None and step < total:
+        if requested is not None and step < total:
             raise RunStopped(
-                f"stopped by {stop.requested} after step {step} of stage {end_step.stage.name}; its "
+                f"stopped by {requested} after step {step} of stage {end_step.stage.name}; its "
                 f"checkpoint is {saved}: run the same command again to continue from it"
             )
         source.after_step(step, step < total and eval_due(end_step.stage.config, step, total))
