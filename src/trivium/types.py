@@ -16,7 +16,7 @@ lays it out as two sequences with explicit indices, so chosen and rejected are n
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,7 @@ import torch
 __all__ = [
     "Experience",
     "PreferencePair",
+    "RowMedia",
     "Task",
     "TrainBatch",
     "collate",
@@ -79,9 +80,13 @@ class Experience:
     is_expert: bool = False  # an expert demonstration mixed into an RL batch (CHORD), not a rollout
     info: Mapping[str, Any] = field(default_factory=dict)  # free-form, e.g. the response text
     metrics: Mapping[str, float] = field(default_factory=dict)  # numeric, averaged into rollout metrics
+    # vision-language prompts: the prompt's images, ImageStore references in placeholder order
+    images: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         t, p = int(self.tokens.numel()), int(self.prompt_length)
+        if not isinstance(self.images, tuple):  # a storage gives lists back
+            object.__setattr__(self, "images", tuple(self.images))
         if self.tokens.dim() != 1:
             raise ValueError(f"Experience.tokens must be 1-D [T], got shape {tuple(self.tokens.shape)}")
         if not 1 <= p <= t:
@@ -150,6 +155,54 @@ class PreferencePair:
 
 
 @dataclass
+class RowMedia:
+    """The images of a batch's rows as a vision-language model consumes them (``VisionProcessor.row_media``):
+    every row's images in row order, each row's in placeholder order."""
+
+    pixel_values: torch.Tensor  # [patches, patch_dim]: all images' patches, image after image
+    image_grid_thw: torch.Tensor  # [images, 3]: (t, h, w) patches of each image
+    row_images: torch.Tensor  # [R] int64: how many images each row holds
+    image_token_id: int  # the placeholder token the images' visual tokens replace
+
+    def rows(self, rows: torch.Tensor | Sequence[int]) -> RowMedia:
+        """The images of ``rows`` (in that order)."""
+        rows = torch.as_tensor(rows, dtype=torch.long).tolist()
+        counts = self.row_images.tolist()
+        first_image = [sum(counts[:r]) for r in range(len(counts))]
+        patches = self.image_grid_thw.prod(dim=1).tolist()
+        first_patch = [sum(patches[:i]) for i in range(len(patches))]
+        images = [first_image[r] + k for r in rows for k in range(counts[r])]
+        patch_index = [p for i in images for p in range(first_patch[i], first_patch[i] + patches[i])]
+        device = self.pixel_values.device
+        return RowMedia(
+            pixel_values=self.pixel_values[torch.tensor(patch_index, dtype=torch.long, device=device)],
+            image_grid_thw=self.image_grid_thw[torch.tensor(images, dtype=torch.long, device=device)],
+            row_images=self.row_images[torch.tensor(rows, dtype=torch.long, device=self.row_images.device)],
+            image_token_id=self.image_token_id,
+        )
+
+    def to(self, device: torch.device | str) -> RowMedia:
+        return dataclasses.replace(
+            self,
+            pixel_values=self.pixel_values.to(device),
+            image_grid_thw=self.image_grid_thw.to(device),
+            row_images=self.row_images.to(device),
+        )
+
+    def model_inputs(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The forward pass's image arguments for rows ``input_ids`` (none when the rows hold no image);
+        positions are then left to the model (M-RoPE from ``mm_token_type_ids`` and the attention mask)."""
+        if not int(self.row_images.sum()):
+            return {}
+        return {
+            "pixel_values": self.pixel_values,
+            "image_grid_thw": self.image_grid_thw,
+            "mm_token_type_ids": (input_ids == self.image_token_id).int(),
+            "position_ids": None,
+        }
+
+
+@dataclass
 class TrainBatch:
     """Collated experiences. ``R`` rows of length ``L``; ``N`` sequences (``N == R`` unless packed).
 
@@ -170,6 +223,7 @@ class TrainBatch:
     turns: torch.Tensor | None = None  # [N] int64: Experience.turn (model turn within its episode)
     is_expert: torch.Tensor | None = None  # [N] bool: expert demonstrations (CHORD); None when there are none
     packed: bool = False
+    media: RowMedia | None = None  # the rows' images (vision-language experiences); None without images
 
     @property
     def num_seqs(self) -> int:
@@ -181,7 +235,7 @@ class TrainBatch:
 
     def to(self, device: torch.device | str) -> TrainBatch:
         moved = {
-            f.name: (v.to(device) if isinstance(v, torch.Tensor) else v)
+            f.name: (v.to(device) if isinstance(v, (torch.Tensor, RowMedia)) else v)
             for f in dataclasses.fields(self)
             for v in [getattr(self, f.name)]
         }
@@ -214,7 +268,37 @@ class TrainBatch:
             turns=None if self.turns is None else self.turns[old],
             is_expert=None if self.is_expert is None else self.is_expert[old],
             packed=self.packed,
+            media=None if self.media is None else self.media.rows(rows),
         )
+
+    def forward_rows(
+        self, rows: torch.Tensor | Sequence[int] | slice, width: int | None = None
+    ) -> TrainBatch:
+        """The fields a forward pass reads (ids, masks, positions, loss mask, images) of ``rows``, cut to the
+        first ``width`` columns; sequence-level fields are left as they are (not needed for a forward)."""
+        cols = slice(None, width)
+        media = self.media
+        if media is not None and not isinstance(rows, slice):
+            media = media.rows(rows)
+        return dataclasses.replace(
+            self,
+            input_ids=self.input_ids[rows, cols],
+            attention_mask=None if self.attention_mask is None else self.attention_mask[rows, cols],
+            position_ids=self.position_ids[rows, cols],
+            loss_mask=self.loss_mask[rows, cols],
+            media=media,
+        )
+
+    def model_inputs(self) -> dict[str, torch.Tensor | None]:
+        """Keyword arguments of the model's forward pass for these rows (images included)."""
+        inputs = {
+            "input_ids": self.input_ids,
+            "attention_mask": self.attention_mask,
+            "position_ids": self.position_ids,
+        }
+        if self.media is not None:
+            inputs.update(self.media.model_inputs(self.input_ids))
+        return inputs
 
     def seq_to_tokens(self, values: torch.Tensor) -> torch.Tensor:
         """Broadcast a per-sequence tensor ``[N]`` to ``[R, L]`` (0 on padding)."""
@@ -235,7 +319,10 @@ def version_runs(versions: Sequence[int]) -> list[list[int]]:
 
 
 def collate(
-    experiences: Sequence[Experience], pad_token_id: int, pack_length: int | None = None
+    experiences: Sequence[Experience],
+    pad_token_id: int,
+    pack_length: int | None = None,
+    images: Callable[[Sequence[Sequence[str]]], RowMedia] | None = None,
 ) -> TrainBatch:
     """Build a ``TrainBatch`` from experiences.
 
@@ -247,6 +334,17 @@ def collate(
     """
     if not experiences:
         raise ValueError("collate() needs at least one experience")
+    with_images = next((e for e in experiences if e.images), None)
+    if with_images is not None and images is None:
+        raise ValueError(
+            f"experience of task {with_images.task_id!r} carries images, and this trainer's model takes none: "
+            "train a vision-language model (a folder with a vision_config) on image tasks"
+        )
+    if with_images is not None and pack_length is not None:
+        raise ValueError(
+            "trainer.pack_length: packed rows are not supported with images (a row's M-RoPE positions are "
+            "computed per sequence from its attention mask); set trainer.pack_length: null for image tasks"
+        )
     lengths = [int(e.tokens.numel()) for e in experiences]
     if pack_length is None:
         rows = [[i] for i in range(len(experiences))]
@@ -290,6 +388,7 @@ def collate(
         if any(e.is_expert for e in experiences)
         else None,
         packed=pack_length is not None,
+        media=None if with_images is None else images([experiences[row[0]].images for row in rows]),
     )
 
 

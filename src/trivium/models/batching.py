@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from torch import Tensor
     from transformers import PreTrainedTokenizerBase
 
+    from trivium.models.vision import PromptImages, VisionProcessor
+
 __all__ = ["BatchingRolloutModel"]
 
 log = logging.getLogger(__name__)
@@ -49,6 +51,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class _Request:
     prompts: list[list[int]]
+    media: list[PromptImages | None] | None  # the prompts' images (vision-language models), or None
     params: SamplingParams
     order_key: Any
     arrival: int
@@ -106,6 +109,11 @@ class BatchingRolloutModel:
         return self.engine.version
 
     @property
+    def vision(self) -> VisionProcessor | None:
+        """The engine's image processor and store (vision-language models), else None."""
+        return getattr(self.engine, "vision", None)
+
+    @property
     def max_length(self) -> int | None:
         """The engine's context in tokens (prompt + response), when it says."""
         return getattr(self.engine, "max_length", None)
@@ -132,21 +140,29 @@ class BatchingRolloutModel:
         return self.engine.metrics()
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams, order_key: Any = None
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        order_key: Any = None,
+        media: Sequence[PromptImages | None] | None = None,
     ) -> list[list[Generation]]:
         """Queue the request, wait until its batch has run, return this caller's generations.
 
         ``order_key`` (any value comparable with the other callers' keys, e.g. ``(task_index, run)``) fixes
-        this request's place in its batch; without it, arrival order is used.
+        this request's place in its batch; without it, arrival order is used. ``media[i]``: the images of
+        ``prompts[i]`` (see ``TransformersEngine.generate``).
         """
         prompts = [list(p) for p in prompts]
         if not prompts:
             return []
+        if media is not None and len(media) != len(prompts):
+            raise ValueError(f"generate(): {len(media)} media entries for {len(prompts)} prompts")
         from_worker = self._depth() > 0
         with self._cv:
             self.requests += 1
             request = _Request(
                 prompts,
+                None if media is None or all(m is None for m in media) else list(media),
                 params,
                 order_key,
                 arrival=next(self._arrivals),
@@ -388,7 +404,11 @@ class BatchingRolloutModel:
         prompts = [p for r in group for p in r.prompts]
         self.engine_calls += 1
         try:
-            results = self.engine.generate(prompts, params)
+            if any(r.media is not None for r in group):  # only engines that take images see the argument
+                media = [m for r in group for m in (r.media or [None] * len(r.prompts))]
+                results = self.engine.generate(prompts, params, media=media)
+            else:
+                results = self.engine.generate(prompts, params)
         except Exception as e:
             return e
         if len(results) != len(prompts):

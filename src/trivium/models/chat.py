@@ -70,8 +70,18 @@ def char_budget(tokenizer, tokens: int) -> int:
 
 
 def message_chars(messages: Sequence[Mapping[str, Any]]) -> int:
-    """Characters of the string contents of ``messages`` (what ``char_budget`` is compared with)."""
-    return sum(len(m["content"]) for m in messages if isinstance(m.get("content"), str))
+    """Characters of the text of ``messages``: string contents and text parts (what ``char_budget`` is
+    compared with)."""
+    total = 0
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            total += sum(
+                len(p.get("text") or "") for p in content if isinstance(p, dict) and p.get("type") == "text"
+            )
+    return total
 
 
 def last_chars(messages: Sequence[Mapping[str, Any]], keep: int) -> list[dict[str, Any]]:

@@ -76,7 +76,9 @@ def convert(
 def _from_shards(folder: Path, base: str | None) -> torch.nn.Module:
     """The model saved in torch.distributed.checkpoint shards (every rank's file), assembled in one process."""
     import torch.distributed.checkpoint as dcp
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
+
+    from trivium.models.loading import auto_model_class
 
     arch = base or folder.parent / "model"
     if lora.is_adapter_folder(arch):
@@ -90,7 +92,7 @@ def _from_shards(folder: Path, base: str | None) -> torch.nn.Module:
             f"trivium convert: the architecture of {folder} comes from {arch}/config.json, which is missing; "
             "pass --base with a folder that has the model's config.json"
         ) from error
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = auto_model_class(config).from_config(config, dtype=torch.float32)
     state = {"model": model.state_dict()}
     with warnings.catch_warnings():  # "torch.distributed is ... uninitialized": one process is the intent
         warnings.simplefilter("ignore", UserWarning)

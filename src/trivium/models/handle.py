@@ -98,9 +98,12 @@ class ModelHandle:
             ids = {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
         return set(ids)
 
-    def generate_many(self, prompts: Sequence[Sequence[int]], **overrides: Any) -> list[list[Generation]]:
+    def generate_many(
+        self, prompts: Sequence[Sequence[int]], media: Sequence[Any] | None = None, **overrides: Any
+    ) -> list[list[Generation]]:
         """``params.n`` samples for each of ``prompts`` in one request (e.g. the episodes of one task
-        stepping together); ``out[i]`` belongs to ``prompts[i]``."""
+        stepping together); ``out[i]`` belongs to ``prompts[i]``; ``media[i]``: its images
+        (``PromptImages``), for a vision-language model."""
         if self.cancelled is not None and self.cancelled.is_set():
             raise TaskCancelled("the explorer went ahead without this task (explorer.over_rollout)")
         if self.deadline is not None and time.monotonic() > self.deadline:
@@ -109,12 +112,19 @@ class ModelHandle:
                 "next model call"
             )
         params = dataclasses.replace(self.params, **overrides) if overrides else self.params
+        if media is not None and any(m is not None for m in media):
+            for p in prompts:  # a cut would drop image placeholders: an image prompt fits or is refused
+                if self.max_length is not None and len(p) >= self.max_length:
+                    raise PromptTooLong(len(p), self.max_length)
+            extra = {"media": list(media)}
+        else:
+            extra = {}
         prompts = [self._fitted(list(p), params) for p in prompts]
         if not prompts:
             return []
-        if self.order_key is None:
-            return self._model.generate(prompts, params)
-        return self._model.generate(prompts, params, order_key=self.order_key)
+        if self.order_key is not None:
+            extra["order_key"] = self.order_key
+        return self._model.generate(prompts, params, **extra)
 
     def _fitted(self, prompt: list[int], params: SamplingParams) -> list[int]:
         """``prompt`` as the task set's ``on_long_row`` has it when it fills the context: refused
@@ -132,5 +142,29 @@ class ModelHandle:
         """``params.n`` samples for one prompt; ``overrides`` replace SamplingParams fields (e.g. n=4)."""
         return self.generate_many([prompt_ids], **overrides)[0]
 
-    def chat(self, messages: Sequence[Mapping[str, str]], **overrides: Any) -> list[Generation]:
-        return self.generate(self.encode_chat(messages), **overrides)
+    def chat(
+        self, messages: Sequence[Mapping[str, Any]], images: Sequence[str] = (), **overrides: Any
+    ) -> list[Generation]:
+        """``params.n`` samples answering ``messages``; ``images``: the references (``ImageStore``) of the
+        image parts of the messages, in order (``put_images`` stores them)."""
+        if not images:
+            return self.generate(self.encode_chat(messages), **overrides)
+        vision = self.vision
+        ids = vision.expand(self.encode_chat(messages), images)
+        return self.generate_many([ids], media=[vision.prompt_images(images)], **overrides)[0]
+
+    @property
+    def vision(self):
+        """The rollout model's ``VisionProcessor``; an error naming the fix when it takes no images."""
+        vision = getattr(self._model, "vision", None)
+        if vision is None:
+            raise ValueError(
+                "this task has images and the rollout model takes none: use a vision-language model "
+                "(model.path a folder with a vision_config and preprocessor_config.json, e.g. from "
+                "`trivium make-tiny --vlm`) with explorer.rollout.engine_type: transformers"
+            )
+        return vision
+
+    def put_images(self, images: Sequence[Any], where: str) -> tuple[str, ...]:
+        """Check and store ``images`` (paths, bytes, data URLs, arrays); their references, in order."""
+        return self.vision.put(images, where)

@@ -23,7 +23,7 @@ import torch
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["load_causal_lm", "load_tokenizer", "resolve_device", "resolve_dtype"]
+__all__ = ["auto_model_class", "load_causal_lm", "load_tokenizer", "resolve_device", "resolve_dtype"]
 
 log = logging.getLogger(__name__)
 
@@ -105,21 +105,30 @@ def load_causal_lm(
     device: str | torch.device = "cpu",
     attn_implementation: str | None = None,
 ) -> PreTrainedModel:
-    """``AutoModelForCausalLM`` in eval mode on ``device`` with weights in ``dtype``.
+    """``AutoModelForCausalLM`` in eval mode on ``device`` with weights in ``dtype``; a vision-language
+    model (a config with a ``vision_config``) is loaded whole by ``AutoModelForImageTextToText``.
 
     ``attn_implementation`` None keeps the transformers default (sdpa where supported).
     """
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig
 
     source = _check_source(path)
     dev = resolve_device(device)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
+        model = auto_model_class(AutoConfig.from_pretrained(source)).from_pretrained(
             source, dtype=resolve_dtype(dtype, dev), attn_implementation=attn_implementation
         )
     except OSError as e:
         raise _not_found(path, e) from e
     return model.to(dev).eval()
+
+
+def auto_model_class(config):
+    """The transformers auto class that builds ``config``'s whole model: ``AutoModelForImageTextToText`` for a
+    vision-language model (a ``vision_config``), else ``AutoModelForCausalLM``."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText if getattr(config, "vision_config", None) else AutoModelForCausalLM
 
 
 def _check_source(path: str | Path) -> str:

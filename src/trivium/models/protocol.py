@@ -125,7 +125,11 @@ class RolloutModel(Protocol):
         ...
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Generation]]:
-        """``params.n`` generations for each prompt, in prompt order: ``out[i][j]`` is sample j of prompt i."""
+        """``params.n`` generations for each prompt, in prompt order: ``out[i][j]`` is sample j of prompt i.
+
+        An engine that takes images (a vision-language model: ``TransformersEngine``) also accepts
+        ``media=[PromptImages | None, ...]``, one per prompt; callers pass it only when a prompt has images,
+        so engines without images keep this signature."""
         ...
 
     def update_weights(self, state_dict: Mapping[str, Tensor], version: int) -> None:

@@ -26,23 +26,29 @@ SMALL_VOCAB = 2048  # at or below: torch.multinomial is as fast (measured), and 
 
 
 def sample_next(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    never: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Next tokens and their log-probs.
 
-    logits: ``[A, V]`` next-token logits of the ``A`` running rows, any float dtype.
+    logits: ``[A, V]`` next-token logits of the ``A`` running rows, any float dtype. ``never``: token ids
+    that are never drawn (a vision-language model's image placeholder, which stands for image features
+    and would make the sequence unreadable); like top-k they restrict the draw, not the reported log-prob.
     Returns ``tokens [A]`` int64 and ``logprobs [A]`` float32 (temperature 0 reports T = 1 log-probs).
     """
     logits = logits.float()
     temperature = params.temperature if params.temperature > 0 else 1.0
     logp = torch.log_softmax(logits / temperature, dim=-1)
+    allowed = logp if never is None else logp.index_fill(1, never, float("-inf"))
     if params.greedy:
-        tokens = logits.argmax(dim=-1)
+        tokens = allowed.argmax(dim=-1)
     else:
         if params.top_k > 0 or params.top_p < 1.0:
-            probs = filter_top_k_top_p(logp, params.top_k, params.top_p).softmax(dim=-1)
+            probs = filter_top_k_top_p(allowed, params.top_k, params.top_p).softmax(dim=-1)
         else:
-            probs = logp.exp()
+            probs = allowed.exp()
         tokens = draw(probs, generator)
     return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
 

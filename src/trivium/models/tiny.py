@@ -110,6 +110,20 @@ def make_tiny(
     return out
 
 
+def text_sizes(**given: int) -> dict[str, int]:
+    """``make_tiny``'s size and seed arguments with their defaults, ``given`` ones replaced (a tiny
+    vision-language model's language model takes the same ones)."""
+    import inspect
+
+    names = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size")
+    params = inspect.signature(make_tiny).parameters
+    defaults = {k: params[k].default for k in (*names, "max_position_embeddings", "seed")}
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        raise TypeError(f"unknown tiny model sizes {unknown}; known: {sorted(defaults)}")
+    return defaults | given
+
+
 def build_tokenizer(texts: list[str], vocab_size: int, model_max_length: int) -> PreTrainedTokenizerFast:
     """Byte-level BPE with one token per digit, wrapped for transformers (pad, eos, chat template).
 
@@ -196,7 +210,7 @@ def architecture_config(
     """The transformers config of a tiny model (tied embeddings); ``extra``: further config fields."""
     from transformers import LlamaConfig, Qwen2Config
 
-    classes = {"qwen2": Qwen2Config, "llama": LlamaConfig}
+    classes = {"qwen2": Qwen2Config, "llama": LlamaConfig, "qwen2_vl": Qwen2Config}  # a VLM's language model
     if architecture not in classes:
         raise ValueError(f"tiny model: architecture={architecture!r} is not one of {sorted(classes)}")
     return classes[architecture](

@@ -55,6 +55,7 @@ from trivium.models.protocol import (
 )
 from trivium.models.sampling import sample_next
 from trivium.models.stopping import StopChecker
+from trivium.models.vision import PromptImages
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -94,7 +95,15 @@ class TransformersEngine:
         self.pad_id = _pad_id(tokenizer)
         self.eos_ids = eos_token_ids(tokenizer, model.generation_config, "TransformersEngine")
         self.vocab_size = model.get_input_embeddings().num_embeddings
-        self.max_length = model.config.max_position_embeddings
+        text_config = model.config.get_text_config()
+        self.max_length = text_config.max_position_embeddings
+        self.image_token_id = getattr(model.config, "image_token_id", None)  # vision-language models
+        vision_config = getattr(model.config, "vision_config", None)
+        self.merge_size = int(getattr(vision_config, "spatial_merge_size", 1) or 1)
+        self.vision = None  # a VisionProcessor for this model's prompts (set by whoever builds the engine)
+        placeholders = [getattr(model.config, k, None) for k in ("image_token_id", "video_token_id")]
+        placeholders = [int(t) for t in placeholders if t is not None and t < self.vocab_size]
+        self._never = torch.tensor(placeholders, device=self.device) if placeholders else None
         # transformers renamed the forward's cache argument (past_key_values -> cache, 5.2x); the old name
         # warns until it is removed, so pass whichever this model's forward declares.
         forward_args = inspect.signature(model.forward).parameters
@@ -140,23 +149,29 @@ class TransformersEngine:
         return self._tokenizer
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int | None = None
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        seed: int | None = None,
+        media: Sequence[PromptImages | None] | None = None,
     ) -> list[list[Generation]]:
         """``params.n`` generations per prompt, in prompt order (see ``RolloutModel.generate``).
 
         ``seed``: sample this call with its own generator seeded so (the engine's generator is left as it
         was), e.g. an endpoint request's ``seed``: the same seed, prompts, parameters and weights give the
-        same samples. A seed is an int in [-2**63, 2**64)."""
+        same samples. A seed is an int in [-2**63, 2**64). ``media[i]``: the images of ``prompts[i]`` (a
+        vision-language model; ``None`` for a prompt without images)."""
         prompts = [list(p) for p in prompts]
         if not prompts:
             return []
         check_prompts(prompts, self.max_length, self.vocab_size)
+        media = self._checked_media(prompts, media)
         generator = self.generator
         if seed is not None:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(seed)
         with self._lock, torch.inference_mode():
-            responses, logprobs, reasons, versions = self._decode(prompts, params, generator)
+            responses, logprobs, reasons, versions = self._decode(prompts, params, generator, media)
         stopper = StopChecker(params, self.eos_ids, self._tokenizer)
         texts = self._tokenizer.batch_decode(responses, skip_special_tokens=True)
         out: list[list[Generation]] = []
@@ -266,14 +281,18 @@ class TransformersEngine:
 
     # ------------------------------------------------------------------------------------------ decode loop
     def _decode(
-        self, prompts: list[list[int]], params: SamplingParams, generator: torch.Generator
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        generator: torch.Generator,
+        media: list[PromptImages | None] | None = None,
     ) -> tuple[list[list[int]], list[list[float]], list[FinishReason], list[list[int]]]:
         """Sample ``params.n`` responses per prompt; rows are prompt-major (row ``i * n + j``). Also the
         weights version that sampled each token (more than one where an in-flight update came)."""
         n_rows = len(prompts) * params.n
         stopper = StopChecker(params, self.eos_ids, self._tokenizer)
         budgets = [min(params.max_tokens, self.max_length - len(p)) for p in prompts for _ in range(params.n)]
-        cache, logits, attention, next_pos = self._prefill(prompts, params.n, max(budgets))
+        cache, logits, attention, next_pos = self._prefill(prompts, params.n, max(budgets), media)
 
         responses: list[list[int]] = [[] for _ in range(n_rows)]
         logprobs: list[list[float]] = [[] for _ in range(n_rows)]
@@ -282,7 +301,7 @@ class TransformersEngine:
         alive = list(range(n_rows))  # global row of each row of the running batch
         version = self.version  # of the weights that computed ``logits``
         while True:
-            tokens, token_logprobs = sample_next(logits, params, generator)
+            tokens, token_logprobs = sample_next(logits, params, generator, self._never)
             self.decode_steps += 1
             keep: list[int] = []
             for i, (row, tok, lp) in enumerate(zip(alive, tokens.tolist(), token_logprobs.tolist())):
@@ -307,7 +326,8 @@ class TransformersEngine:
                 version = self.version
                 rows = [prompts[row // params.n] + responses[row] for row in alive]
                 left = max(budgets[row] - len(responses[row]) for row in alive)
-                cache, logits, attention, next_pos = self._prefill(rows, 1, left)
+                row_media = None if media is None else [media[row // params.n] for row in alive]
+                cache, logits, attention, next_pos = self._prefill(rows, 1, left, row_media)
                 continue
             attention = torch.cat([attention, attention.new_ones(len(alive), 1)], dim=1)
             out = self._forward(
@@ -318,6 +338,30 @@ class TransformersEngine:
             )
             logits = out.logits[:, -1]
             next_pos = next_pos + 1
+
+    def _checked_media(
+        self, prompts: list[list[int]], media: Sequence[PromptImages | None] | None
+    ) -> list[PromptImages | None] | None:
+        """``media`` as a list aligned with ``prompts``, None when no prompt has images; each prompt's image
+        placeholders must match its images' visual tokens."""
+        if media is None or all(m is None or not m.refs for m in media):
+            return None
+        if len(media) != len(prompts):
+            raise ValueError(f"generate(): {len(media)} media entries for {len(prompts)} prompts")
+        if self.image_token_id is None:
+            raise ValueError(
+                f"this rollout model ({type(self.model).__name__}) takes no images: give image tasks a "
+                "vision-language model (a folder with a vision_config, e.g. `trivium make-tiny --vlm`)"
+            )
+        for i, (prompt, m) in enumerate(zip(prompts, media)):
+            placeholders = sum(1 for t in prompt if t == self.image_token_id)
+            expected = 0 if m is None else int(m.image_grid_thw.prod(dim=1).sum()) // self.merge_size**2
+            if placeholders != expected:
+                raise ValueError(
+                    f"prompt {i} holds {placeholders} image placeholder tokens and its images give {expected} "
+                    "visual tokens: build image prompts with VisionProcessor.expand (ModelHandle.chat does)"
+                )
+        return [m if m is not None and m.refs else None for m in media]
 
     def _forward(self, *, cache: DynamicCache, **inputs: torch.Tensor | int):
         """One forward pass of the model with the KV cache, under autocast when configured."""
@@ -330,23 +374,48 @@ class TransformersEngine:
             return self.model(**inputs, use_cache=True, **{self._cache_arg: cache})
 
     def _prefill(
-        self, prompts: list[list[int]], n: int, max_new: int
+        self, prompts: list[list[int]], n: int, max_new: int, media: list[PromptImages | None] | None = None
     ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Run each distinct prompt once and expand its cache rows to the ``len(prompts) * n`` samples.
+        """Run each distinct prompt (with its images) once and expand its cache rows to the ``len(prompts) * n``
+        samples.
 
         Returns the cache (room for ``max_new`` more tokens per row), next-token ``logits [R, V]``,
         ``attention [R, L]`` (0 on left padding) and the position of each row's next token ``next_pos [R]``.
         """
-        distinct: dict[tuple[int, ...], int] = {}
-        source = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts for _ in range(n)]
-        width = max(len(p) for p in distinct)
+        distinct: dict[tuple, int] = {}
+        images: list[PromptImages] = []  # of the distinct prompts that have images, in their order
+        source: list[int] = []
+        for i, p in enumerate(prompts):
+            key = (tuple(p), media[i].refs if media is not None and media[i] is not None else ())
+            if key not in distinct:
+                distinct[key] = len(distinct)
+                if key[1]:
+                    images.append(media[i])
+            source.extend([distinct[key]] * n)
+        width = max(len(p) for p, _ in distinct)
         ids = torch.full((len(distinct), width), self.pad_id, dtype=torch.long)
         attention = torch.zeros((len(distinct), width), dtype=torch.long)
-        for u, p in enumerate(distinct):
+        for u, (p, _) in enumerate(distinct):
             ids[u, width - len(p) :] = torch.tensor(p)
             attention[u, width - len(p) :] = 1
         ids, attention = ids.to(self.device), attention.to(self.device)
-        positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
+        image_inputs = {}
+        if images:  # M-RoPE: image tokens get (t, h, w) positions; the text after them t + the image's delta
+            image_inputs = {
+                "pixel_values": torch.cat([m.pixel_values for m in images]).to(self.device),
+                "image_grid_thw": torch.cat([m.image_grid_thw for m in images]).to(self.device),
+            }
+            rope = _rope_index(self.model)
+            positions3, _ = rope(
+                ids,
+                mm_token_type_ids=(ids == self.image_token_id).int(),
+                image_grid_thw=image_inputs["image_grid_thw"],
+                attention_mask=attention,
+            )
+            image_inputs["position_ids"] = positions3
+            positions = positions3[0]  # the text positions after the last image: all three are equal
+        else:
+            positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
         # Full-attention layers get a reserved buffer (others, e.g. sliding window, keep their class), sized
         # for 64 new tokens and doubled as rows grow: a long max_tokens reserves nothing that is not used.
@@ -355,7 +424,11 @@ class TransformersEngine:
             ReservedLayer(*reserve) if type(layer) is DynamicLayer else layer for layer in cache.layers
         ]
         out = self._forward(
-            input_ids=ids, attention_mask=attention, position_ids=positions, cache=cache, logits_to_keep=1
+            input_ids=ids,
+            attention_mask=attention,
+            cache=cache,
+            logits_to_keep=1,
+            **({"position_ids": positions} | image_inputs),
         )
         index = torch.tensor(source, device=self.device)
         if source != list(range(len(distinct))):  # repeats (n > 1) or duplicate prompts
@@ -433,6 +506,16 @@ class ReservedLayer(DynamicLayer):
     def _views(self) -> None:
         self.keys = self._keys[:, :, : self.length]
         self.values = self._values[:, :, : self.length]
+
+
+def _rope_index(model: PreTrainedModel):
+    """The model's own M-RoPE position function (``get_rope_index`` of Qwen2-VL's inner model)."""
+    for owner in (model, getattr(model, "model", None)):
+        if owner is not None and hasattr(owner, "get_rope_index"):
+            return owner.get_rope_index
+    raise ValueError(
+        f"{type(model).__name__} takes images but has no get_rope_index: not a Qwen2-VL family model"
+    )
 
 
 def _pad_id(tokenizer: PreTrainedTokenizerBase) -> int:

@@ -51,6 +51,7 @@ def save_checkpoint(
         trainer.save_model(tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp / MODEL_DIR)
+            copy_processor_files(getattr(tokenizer, "name_or_path", ""), tmp / MODEL_DIR)
         rng = {"python": random.getstate(), "torch": torch.get_rng_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
@@ -66,6 +67,18 @@ def save_checkpoint(
         shutil.rmtree(folder)
     os.replace(tmp, folder)
     return folder
+
+
+PROCESSOR_FILES = ("preprocessor_config.json",)  # a vision-language model's image processor
+
+
+def copy_processor_files(source: str | Path, folder: Path) -> None:
+    """The image processor's files of the model folder ``source`` (where the tokenizer came from) into the
+    checkpoint's model folder, so that it loads as a whole vision-language model like the original."""
+    for name in PROCESSOR_FILES:
+        path = Path(source) / name if source else None
+        if path is not None and path.is_file() and folder.is_dir():
+            shutil.copyfile(path, folder / name)
 
 
 def _write_error(folder: Path, error: BaseException) -> CheckpointWriteError:

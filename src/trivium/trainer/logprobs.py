@@ -41,10 +41,12 @@ def forward_logprobs(
     if head is None:
         return _full_logprobs(model, batch, temperature, entropy)
     width, used = batch.input_ids.shape[1], loss_width(batch.loss_mask)
+    if batch.media is not None:  # image placeholders stay: the model checks their count against the images
+        used = max(used, loss_width(batch.input_ids == batch.media.image_token_id))
     if used < width:
         # A causal LM's log-prob of a token depends on the tokens before it only: the columns after the
         # last loss token (padding of rows longer than these, trailing prompts) are not run at all.
-        lp, ent = _head_logprobs(model, head, _first_columns(batch, used), temperature, entropy)
+        lp, ent = _head_logprobs(model, head, batch.forward_rows(slice(None), used), temperature, entropy)
         pad = (0, width - used)
         return torch.nn.functional.pad(lp, pad), None if ent is None else torch.nn.functional.pad(ent, pad)
     return _head_logprobs(model, head, batch, temperature, entropy)
@@ -65,25 +67,10 @@ def rows_by_length(loss_mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return rows[torch.argsort(last, descending=True, stable=True)]
 
 
-def _first_columns(batch: TrainBatch, width: int) -> TrainBatch:
-    """The batch's first ``width`` columns of the fields a forward pass reads."""
-    import dataclasses
-
-    return dataclasses.replace(
-        batch,
-        input_ids=batch.input_ids[:, :width],
-        attention_mask=None if batch.attention_mask is None else batch.attention_mask[:, :width],
-        position_ids=batch.position_ids[:, :width],
-        loss_mask=batch.loss_mask[:, :width],
-    )
-
-
 def _head_logprobs(model, head, batch: TrainBatch, temperature: float, entropy: bool):
     """The loss-token path of ``forward_logprobs``: no vocabulary projection but of the loss positions."""
     out = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
+        **batch.model_inputs(),
         use_cache=False,
         output_hidden_states=True,
         logits_to_keep=torch.empty(0, dtype=torch.long, device=batch.input_ids.device),
@@ -229,12 +216,7 @@ def output_head(model: torch.nn.Module) -> torch.nn.Module | None:
 
 def _full_logprobs(model, batch: TrainBatch, temperature: float, entropy: bool):
     """Logits at every position (``[R, L, V]``), log-probs at every position."""
-    out = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
-        use_cache=False,
-    )
+    out = model(**batch.model_inputs(), use_cache=False)
     logits = out.logits[:, :-1].float()
     if temperature != 1.0:
         logits = logits / temperature
@@ -262,21 +244,7 @@ def batched_logprobs(
     out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.input_ids.device)
     order = rows_by_length(batch.loss_mask, torch.arange(batch.num_rows, device=out.device))
     for rows, real in parallel.passes(order, micro_batch_size):
-        lp = token_logprobs(model, _rows(batch, rows), temperature)
+        lp = token_logprobs(model, batch.forward_rows(rows), temperature)
         if real:
             out[rows] = lp
     return parallel.sum_(out)
-
-
-def _rows(batch: TrainBatch, rows: torch.Tensor) -> TrainBatch:
-    """Row slice keeping the input tensors and the loss mask only (seq-level fields are not needed for a
-    forward pass)."""
-    import dataclasses
-
-    return dataclasses.replace(
-        batch,
-        input_ids=batch.input_ids[rows],
-        attention_mask=None if batch.attention_mask is None else batch.attention_mask[rows],
-        position_ids=batch.position_ids[rows],
-        loss_mask=batch.loss_mask[rows],
-    )

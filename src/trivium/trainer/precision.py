@@ -196,7 +196,9 @@ def config_probe(model_cfg, device: torch.device) -> Probe | None:
     architecture cannot be read here (a hub id offline, an unreadable folder)."""
     from pathlib import Path
 
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
+
+    from trivium.models.loading import auto_model_class
 
     try:
         if model_cfg.tiny is not None and not (Path(model_cfg.path) / "config.json").is_file():
@@ -208,11 +210,11 @@ def config_probe(model_cfg, device: torch.device) -> Probe | None:
         else:
             return None
         with torch.device("meta"):
-            params = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+            params = sum(p.numel() for p in auto_model_class(config).from_config(config).parameters())
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if params <= FULL_MODEL_PROBE_PARAMS:
-        return model_probe(AutoModelForCausalLM.from_config(config).to(device), device)
+        return model_probe(auto_model_class(config).from_config(config).to(device), device)
     shape = _hidden_and_mlp(config)
     return None if shape is None else shape_probe(shape, device)
 

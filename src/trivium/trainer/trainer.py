@@ -38,6 +38,7 @@ from trivium.algorithm.rewards_shaping import (
     overlong_penalty,
 )
 from trivium.config.schema import OverlongPenaltyConfig, TrainerConfig
+from trivium.models.vision import VisionProcessor
 from trivium.monitor.phases import PhaseTimer
 from trivium.trainer.critic import Critic
 from trivium.trainer.guard import NumericGuard
@@ -83,10 +84,12 @@ class Trainer:
         seed: int = 0,
         parallel: Parallel | None = None,
         reference_is_base: bool = False,
+        vision: VisionProcessor | None = None,
     ):
         """``parallel``: how the model is laid out over ranks (default: one rank, the model's device);
         ``reference_is_base``: ``model`` is a LoRA (PEFT) model whose base, adapters disabled, is the
-        reference (no ``ref_model`` copy)."""
+        reference (no ``ref_model`` copy); ``vision``: a vision-language model's image processor and store,
+        which turns experiences' image references into the model's image inputs."""
         has_reference = ref_model is not None or reference_is_base
         if (algorithm.kl_coef > 0 or kl_penalty is not None) and not has_reference:
             raise ValueError(
@@ -113,6 +116,7 @@ class Trainer:
         self.cfg = cfg
         self.algorithm = algorithm
         self.pad_token_id = pad_token_id
+        self.vision = vision
         self.temperature = temperature if temperature > 0 else 1.0  # greedy rollouts report T=1 log-probs
         self.max_response_length = max_response_length
         self.ref_model = None if ref_model is None else self.parallel.wrap(ref_model, trainable=False)
@@ -143,7 +147,9 @@ class Trainer:
             return self._skipped_step(t0, dropped, "every experience had a non-finite or absurd reward")
         self.model.eval()
         with timer("collate"):
-            batch = collate(experiences, self.pad_token_id, self.cfg.pack_length).to(self.device)
+            batch = collate(experiences, self.pad_token_id, self.cfg.pack_length, self._images).to(
+                self.device
+            )
         minis = self._mini_batches(batch)
         self.optim.plan(self.total_steps * self.cfg.ppo_epochs * len(minis))
         passes = self._before_update(batch, single_update=self.cfg.ppo_epochs == 1 and len(minis) == 1)
@@ -169,6 +175,11 @@ class Trainer:
         )
         metrics.update(self._step_metrics(batch, t0, skipped, dropped))
         return metrics
+
+    @property
+    def _images(self):
+        """Image references to model inputs (a vision-language policy), for ``collate``."""
+        return None if self.vision is None else self.vision.row_media
 
     def _before_update(self, batch: TrainBatch, single_update: bool) -> _Passes:
         """The forward passes before any update: old log-probs, the reference's, the teacher's, the
@@ -288,13 +299,7 @@ class Trainer:
     def _rows_logprobs(self, batch: TrainBatch, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs and entropies [len(rows), L] of ``rows`` of the batch under the weights now, the model
         in eval mode (a step's trajectory records, ``monitor/trajectories.py``)."""
-        sub = dataclasses.replace(
-            batch,
-            input_ids=batch.input_ids[rows],
-            attention_mask=None if batch.attention_mask is None else batch.attention_mask[rows],
-            position_ids=batch.position_ids[rows],
-            loss_mask=batch.loss_mask[rows],
-        )
+        sub = batch.forward_rows(rows)
         model = self.parallel.unwrap(self.model)
         was_training = model.training
         model.eval()

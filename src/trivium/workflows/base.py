@@ -44,10 +44,11 @@ def experience_from_generation(
     run_index: int,
     metrics: Mapping[str, float],
     messages: list[dict[str, Any]] | None = None,
+    images: tuple[str, ...] = (),
 ) -> Experience:
     """A single-turn experience: the prompt, then the sampled response, every response token an action.
     ``messages``: the chat the prompt was rendered from, kept in ``info`` (Studio turns two answers to it
-    into a preference pair)."""
+    into a preference pair); ``images``: the prompt's image references (``ImageStore``), in order."""
     response = torch.tensor(gen.response_ids, dtype=torch.long)
     return Experience(
         tokens=torch.cat([torch.tensor(gen.prompt_ids, dtype=torch.long), response]),
@@ -64,4 +65,5 @@ def experience_from_generation(
             **({"token_versions": version_runs(gen.versions)} if gen.versions else {}),
         },
         metrics={**metrics, "response_length": float(len(gen.response_ids))},
+        images=images,
     )

@@ -34,12 +34,16 @@ class MathWorkflow(Workflow):
         msgs.append({"role": "user", "content": self.prompt_template.format(question=task.data["question"])})
         return msgs
 
+    def prompt(self, task: Task, model: ModelHandle) -> tuple[list[dict[str, Any]], tuple[str, ...]]:
+        """The chat to answer and the references of its images (none here; ``visual_qa`` has them)."""
+        return self.messages(task), ()
+
     def run(self, task: Task, model: ModelHandle) -> list[Experience]:
         from trivium.rewards.guard import reward_for
 
         reward_fn = reward_for(task)
-        messages = self.messages(task)
-        generations = model.chat(messages)
+        messages, images = self.prompt(task, model)
+        generations = model.chat(messages, images=images)
         out = []
         for i, gen in enumerate(generations):
             result = reward_fn(gen.text, task.data)
@@ -51,6 +55,7 @@ class MathWorkflow(Workflow):
                     run_index=i,
                     metrics=result.metrics,
                     messages=messages,
+                    images=images,
                 )
             )
         return out

@@ -22,7 +22,9 @@ WORKFLOWS: Registry[type] = Registry(
     "workflow",
     doc="a Workflow subclass: Class(**workflow_args).run(task, model) -> [Experience]",
     check=_is_workflow,
-    builtins=[f"trivium.workflows.{m}" for m in ("agent", "code", "countdown", "math", "multi_turn")],
+    builtins=[
+        f"trivium.workflows.{m}" for m in ("agent", "code", "countdown", "math", "multi_turn", "vision")
+    ],
 )
 
 
