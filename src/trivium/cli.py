@@ -85,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_example)
 
     p = sub.add_parser(
-        "make-tiny", help="create a tiny tokenizer + causal LM folder (for tests and CPU runs)"
+        "make-tiny",
+        help="create a tiny tokenizer + causal LM (or, --vlm, vision-language model) folder (tests, CPU runs)",
     )
     p.add_argument("out", help="output folder")
     p.add_argument(
@@ -102,8 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--intermediate-size", type=int, default=512, help="MLP width (512)")
     p.add_argument("--vocab-size", type=int, default=384, help="BPE vocabulary size of the tokenizer (384)")
     p.add_argument(
-        "--architecture", choices=["qwen2", "llama"], default="qwen2", help="model architecture (qwen2)"
+        "--architecture",
+        choices=["qwen2", "llama", "qwen2_vl"],
+        default="qwen2",
+        help="model architecture (qwen2); qwen2_vl: a vision-language model with its image processor",
     )
+    p.add_argument("--vlm", action="store_true", help="the same as --architecture qwen2_vl (docs/vision.md)")
     p.set_defaults(func=_cmd_make_tiny)
 
     p = sub.add_parser("plot", help="draw reward, eval accuracy and loss of a run into a PNG")
@@ -375,25 +380,33 @@ def _cmd_make_tiny(args) -> int:
     from trivium.launch.build import corpus_lines
     from trivium.models.tiny import make_tiny
 
+    vlm = args.vlm or args.architecture == "qwen2_vl"
     if args.corpus:
         corpus = list(corpus_lines(TinyModelConfig(corpus=args.corpus)))
+    elif vlm:
+        from trivium.tasks.shapes import generate_rows as shape_rows
+
+        corpus = [f"{r['question']} {r['answer']}" for r in shape_rows(500, seed=args.seed)]
     else:
         from trivium.tasks.word_problems import corpus as wp_corpus
         from trivium.tasks.word_problems import generate_rows
 
         corpus = list(wp_corpus(generate_rows(2000, seed=args.seed)))
-    out = make_tiny(
-        args.out,
-        corpus,
-        vocab_size=args.vocab_size,
-        hidden_size=args.hidden_size,
-        num_layers=args.num_layers,
-        num_heads=args.num_heads,
-        num_kv_heads=args.num_kv_heads,
-        intermediate_size=args.intermediate_size,
-        architecture=args.architecture,
-        seed=args.seed,
-    )
+    sizes = {
+        "vocab_size": args.vocab_size,
+        "hidden_size": args.hidden_size,
+        "num_layers": args.num_layers,
+        "num_heads": args.num_heads,
+        "num_kv_heads": args.num_kv_heads,
+        "intermediate_size": args.intermediate_size,
+        "seed": args.seed,
+    }
+    if vlm:
+        from trivium.models.tiny_vlm import make_tiny_vlm
+
+        out = make_tiny_vlm(args.out, corpus, **sizes)
+    else:
+        out = make_tiny(args.out, corpus, architecture=args.architecture, **sizes)
     print(f"tiny model written to {out}")
     return 0
 

@@ -68,9 +68,23 @@ class _OfflineReader:
 class SftReader(_OfflineReader):
     """Demonstrations as experiences: the prompt, then the response; loss on the response only."""
 
-    def __init__(self, cfg: SftDatasetConfig, tokenizer, seed: int = 0, field: str = "buffer.sft_dataset"):
+    def __init__(
+        self,
+        cfg: SftDatasetConfig,
+        tokenizer,
+        seed: int = 0,
+        field: str = "buffer.sft_dataset",
+        vision=None,
+        image_tokens: int | None = None,
+    ):
+        """``vision``: a ``VisionProcessor``, for rows with an ``image`` column (prompt_response format).
+        ``image_tokens``: without one, count each image as that many tokens (sizing, ``trivium doctor``:
+        the experiences then carry no images)."""
         self.cfg = cfg
         self.tokenizer = tokenizer
+        self.vision = vision
+        self.image_tokens = image_tokens
+        self.field = field
         self.reader = _reader(cfg, SFT_FORMATS[cfg.format], "sft", seed, field)
 
     def next_batch(self, batch_size: int) -> list[Experience]:
@@ -84,9 +98,31 @@ class SftReader(_OfflineReader):
             tools = task.raw.get(self.cfg.fields.get("tools", "tools"))
             tokens, mask, p = encode_conversation(self.tokenizer, messages, tools=tools or None)
             return _experience(tokens, p, mask[p:], task.task_id)
-        prompt = _prompt_ids(self.tokenizer, task.data["prompt"], self.cfg.system_prompt)
+        image = task.raw.get(self.cfg.fields.get("image", "image"))
+        if image is None:
+            prompt = _prompt_ids(self.tokenizer, task.data["prompt"], self.cfg.system_prompt)
+            images: tuple[str, ...] = ()
+        else:
+            prompt, images = self._image_prompt(task, image)
         response = _response_ids(self.tokenizer, task.data["response"])
-        return _experience(prompt + response, len(prompt), [True] * len(response), task.task_id)
+        return _experience(prompt + response, len(prompt), [True] * len(response), task.task_id, images)
+
+    def _image_prompt(self, task: Task, image) -> tuple[list[int], tuple[str, ...]]:
+        """The prompt of a row with images: the images, then the prompt's text, in the user message."""
+        where = f"{self.field} ({self.cfg.path}) row {task.index}, field 'image'"
+        if self.vision is None and self.image_tokens:
+            count = len(image) if isinstance(image, list) else 1
+            prompt = _prompt_ids(self.tokenizer, task.data["prompt"], self.cfg.system_prompt)
+            return prompt + [self.tokenizer.pad_token_id] * (count * self.image_tokens), ()
+        if self.vision is None:
+            raise ValueError(
+                f"{where}: this row has an image and the model takes none: train a vision-language model "
+                "(model.path a folder with a vision_config, e.g. from `trivium make-tiny --vlm`)"
+            )
+        refs = self.vision.put(image if isinstance(image, list) else [image], where)
+        parts = [{"type": "image"} for _ in refs] + [{"type": "text", "text": task.data["prompt"]}]
+        prompt = _prompt_ids(self.tokenizer, parts, self.cfg.system_prompt)
+        return self.vision.expand(prompt, refs), refs
 
 
 class PreferenceReader(_OfflineReader):
@@ -112,7 +148,7 @@ class PreferenceReader(_OfflineReader):
         )
 
 
-def _prompt_ids(tokenizer, prompt: str, system_prompt: str | None) -> list[int]:
+def _prompt_ids(tokenizer, prompt: str | list, system_prompt: str | None) -> list[int]:
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
     messages.append({"role": "user", "content": prompt})
     return render_ids(tokenizer, messages, add_generation_prompt=True)
@@ -123,7 +159,9 @@ def _response_ids(tokenizer, response: str) -> list[int]:
     return [*text_ids(tokenizer, response), tokenizer.eos_token_id]
 
 
-def _experience(tokens: list[int], prompt_length: int, action_mask: list[bool], task_id: str) -> Experience:
+def _experience(
+    tokens: list[int], prompt_length: int, action_mask: list[bool], task_id: str, images: tuple[str, ...] = ()
+) -> Experience:
     n = len(tokens) - prompt_length
     return Experience(
         tokens=torch.tensor(tokens, dtype=torch.long),
@@ -131,4 +169,5 @@ def _experience(tokens: list[int], prompt_length: int, action_mask: list[bool], 
         action_mask=torch.tensor(action_mask, dtype=torch.bool),
         logprobs=torch.zeros(n, dtype=torch.float32),
         task_id=task_id,
+        images=images,
     )

@@ -63,8 +63,9 @@ class TinyModelConfig(StrictModel):
     """Key/value heads (grouped-query attention); must divide num_heads."""
     intermediate_size: int = Field(512, ge=8, le=COUNT_MAX)
     """MLP width."""
-    architecture: Literal["qwen2", "llama"] = "qwen2"
-    """transformers architecture to instantiate."""
+    architecture: Literal["qwen2", "llama", "qwen2_vl"] = "qwen2"
+    """transformers architecture to instantiate; qwen2_vl: a vision-language model (a 2-layer vision tower,
+    an image processor for 56x56 to 112x112 pixels; docs/vision.md)."""
     seed: int = Field(0, ge=0, le=SEED_MAX)
     """Seed for the weights; the same seed and corpus give byte-identical files."""
 
@@ -95,6 +96,9 @@ class ModelConfig(StrictModel):
     CUDA, rank r uses cuda:r."""
     lora: LoraConfig | None = None
     """Train LoRA adapters instead of every weight (None: full fine-tuning)."""
+    freeze_vision: bool = False
+    """A vision-language model: keep its vision tower's weights as loaded (only the language model and the
+    projector train). Refused for a text model."""
 
 
 class TaskSetConfig(TaskSourceFields):

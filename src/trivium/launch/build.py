@@ -26,7 +26,13 @@ def ensure_model(cfg: TriviumConfig, run_dir: Path) -> str:
         from trivium.models.tiny import make_tiny
 
         log.info("creating tiny model at %s", path)
-        make_tiny(path, corpus_lines(cfg.model.tiny), **tiny_kwargs(cfg.model.tiny))
+        kwargs = tiny_kwargs(cfg.model.tiny)
+        if kwargs.pop("architecture") == "qwen2_vl":
+            from trivium.models.tiny_vlm import make_tiny_vlm
+
+            make_tiny_vlm(path, corpus_lines(cfg.model.tiny), **kwargs)
+        else:
+            make_tiny(path, corpus_lines(cfg.model.tiny), architecture=cfg.model.tiny.architecture, **kwargs)
     return path
 
 
@@ -54,7 +60,7 @@ def corpus_lines(t: TinyModelConfig):
         )
         for row in rows:
             values = row.values() if isinstance(row, dict) else [row]
-            yield from (v for v in values if isinstance(v, str))
+            yield from (v for v in values if isinstance(v, str) and not v.startswith("data:"))  # no images
 
 
 def load_policy(path: str, cfg: TriviumConfig):
@@ -69,8 +75,14 @@ def load_policy(path: str, cfg: TriviumConfig):
         return load_causal_lm(source, dtype=resolve_dtype(cfg.model.dtype), device=device)
 
     if lora.is_adapter_folder(path):
-        return lora.load_adapter(path, cfg.model.path, load), load_tokenizer(path)
-    return load(path), load_tokenizer(path)
+        policy = lora.load_adapter(path, cfg.model.path, load)
+    else:
+        policy = load(path)
+    if cfg.model.freeze_vision:
+        from trivium.models.vision import freeze_vision_tower
+
+        log.info("model.freeze_vision: %d vision-tower parameters frozen", freeze_vision_tower(policy))
+    return policy, load_tokenizer(path)
 
 
 def rollout_policy(policy: torch.nn.Module, copy_policy: bool) -> tuple[torch.nn.Module, bool]:
@@ -134,7 +146,36 @@ def build_rollout_model(
         in_flight_updates=r.in_flight_updates,
     )
     engine.version = version
+    engine.vision = vision_processor(cfg, policy)
     return BatchingRolloutModel(engine)
+
+
+def image_store_root(cfg: TriviumConfig) -> Path:
+    """Where a run keeps the images its tasks bring (``models/vision.ImageStore``): ``<run folder>/images``."""
+    return Path(cfg.checkpoint_root) / cfg.project / cfg.name / "images"
+
+
+def vision_processor(cfg: TriviumConfig, model: torch.nn.Module):
+    """The image processor and store of a vision-language ``model`` (from the folder it was loaded from,
+    which holds ``preprocessor_config.json``), or None for a text model."""
+    from trivium.models.vision import is_vision_config
+
+    if not is_vision_config(getattr(model, "config", None)):
+        return None
+    # a model built from its config (a trainer rank) has no folder: the run's model folder has the processor
+    source = (
+        getattr(model, "name_or_path", "")
+        or cfg.model.path
+        or str(image_store_root(cfg).parent / "base_model")
+    )
+    return vision_from_folder(cfg, source)
+
+
+def vision_from_folder(cfg: TriviumConfig, source: str):
+    """``VisionProcessor`` of the model folder ``source`` over the run's image store."""
+    from trivium.models.vision import ImageStore, VisionProcessor
+
+    return VisionProcessor.from_pretrained(source, ImageStore(image_store_root(cfg)))
 
 
 def sampling_params(cfg: TriviumConfig) -> tuple[SamplingParams, SamplingParams]:
@@ -366,6 +407,7 @@ def make_trainer(cfg: TriviumConfig, model: torch.nn.Module, pad_token_id: int, 
         overlong=a.overlong_penalty if a.overlong_penalty.enabled else None,
         seed=cfg.seed,
         parallel=parallel,
+        vision=vision_processor(cfg, lora.base_model(model) if lora.is_peft(model) else model),
     )
 
 

@@ -36,7 +36,9 @@ class StageFacts:
 def model_and_tokenizer(cfg):
     """The transformers config, the parameter count and a tokenizer, without loading weights."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
+
+    from trivium.models.loading import auto_model_class
 
     path = cfg.model.path
     if path and Path(path).exists():
@@ -53,9 +55,9 @@ def model_and_tokenizer(cfg):
     else:
         raise FileNotFoundError(f"model.path {path!r} does not exist and there is no model.tiny recipe")
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = auto_model_class(config).from_config(config)
     params = sum(p.numel() for p in model.parameters())
-    c = model.config
+    c = model.config.get_text_config()  # a vision-language model: its language model (the tower is small)
     heads = c.num_attention_heads
     shape = ModelShape(
         params=params,
@@ -101,7 +103,7 @@ def longest_example(cfg, tokenizer) -> tuple[int, int, int]:
 
     b = cfg.buffer
     if b.sft_dataset is not None:
-        reader = SftReader(b.sft_dataset, tokenizer, seed=cfg.seed)
+        reader = SftReader(b.sft_dataset, tokenizer, seed=cfg.seed, image_tokens=image_tokens(cfg))
         examples = [[reader.to_experience(t)] for t in reader.reader.all_tasks()]
     else:
         reader = PreferenceReader(b.preference_dataset, tokenizer, seed=cfg.seed)
@@ -109,6 +111,22 @@ def longest_example(cfg, tokenizer) -> tuple[int, int, int]:
     lengths = [max(int(e.tokens.numel()) for e in pair) for pair in examples]
     responses = [max(int(e.action_mask.numel()) for e in pair) for pair in examples]
     return len(lengths), max(lengths, default=0), max(responses, default=0)
+
+
+def image_tokens(cfg) -> int | None:
+    """Tokens the doctor counts per image of a vision-language policy (its processor's largest image; the
+    tiny VLM's 112 x 112 = 16 before it exists); None for a text model."""
+    from trivium.validation.validate_vision import is_vision_policy
+
+    if not is_vision_policy(cfg):
+        return None
+    if cfg.model.path and Path(cfg.model.path).exists():
+        from transformers import AutoImageProcessor
+
+        from trivium.models.vision import max_image_tokens
+
+        return max_image_tokens(AutoImageProcessor.from_pretrained(cfg.model.path))
+    return 16
 
 
 @dataclass(frozen=True)
@@ -299,7 +317,7 @@ def head_chunk_tokens(model, cfg, entropy: bool) -> int:
     head = output_head(model)
     if entropy or head is None or cfg.model.dtype != "float32" or not chunkable(head):
         return 0
-    return max(1, HEAD_CHUNK_VALUES // model.config.vocab_size)
+    return max(1, HEAD_CHUNK_VALUES // model.config.get_text_config().vocab_size)
 
 
 def trainer_precision(cfg):

@@ -237,7 +237,7 @@ def _show_advantages(say, cfg, experiences: list, tokenizer) -> list[list[float]
             "not shown here")  # fmt: skip
         return None
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    batch = collate(experiences, pad)
+    batch = collate([e.replace(images=()) for e in experiences], pad)  # no forward pass: images not needed
     inputs = AdvantageInputs.from_batch(batch)
     inputs = dataclasses.replace(
         inputs, token_rewards=outcome_token_rewards(batch.rewards, batch.loss_mask, batch.seq_index)

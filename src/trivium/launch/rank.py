@@ -90,13 +90,14 @@ def _build_model(blueprint: dict, cfg, device):
     """The model rank 0 trains: built from its architecture (with the same LoRA adapters), then every
     weight received from rank 0."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     from trivium.launch.ranks import broadcast_weights
-    from trivium.models.loading import resolve_dtype
+    from trivium.models.loading import auto_model_class, resolve_dtype
 
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(blueprint["config"], dtype=resolve_dtype(cfg.model.dtype))
+        model = auto_model_class(blueprint["config"]).from_config(
+            blueprint["config"], dtype=resolve_dtype(cfg.model.dtype)
+        )
     if blueprint["lora"] is not None:
         from peft import get_peft_model
 

@@ -75,12 +75,11 @@ class EngineActor:
         so constructor arguments stay small and never point at an object that may go out of scope.
         ``engine_type`` vllm: vLLM starts on the randomly initialised model (it loads from a folder) and
         the first ``update_weights`` loads the real weights in place."""
-        from transformers import AutoModelForCausalLM
-
         from trivium.launch.ray_cluster import quiet_actor
+        from trivium.models.loading import auto_model_class
 
         quiet_actor()
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = auto_model_class(config).from_config(config, dtype=torch.float32)
         if engine_type == "vllm":
             from trivium.models.vllm_engine import VllmEngine
 
@@ -101,8 +100,10 @@ class EngineActor:
         if generator is not None:
             generator.manual_seed(seed)
 
-    def generate(self, prompts, params: SamplingParams) -> list[list[Generation]]:
-        return self.engine.generate(prompts, params)
+    def generate(self, prompts, params: SamplingParams, media=None) -> list[list[Generation]]:
+        if media is None:
+            return self.engine.generate(prompts, params)
+        return self.engine.generate(prompts, params, media=media)  # a vision-language model's images
 
     def update_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
         self.engine.update_weights(weights, version)
@@ -136,6 +137,7 @@ class EnginePool:
         self._tokenizer, self._dtype = tokenizer, dtype
         self.max_length, self.eos_ids = meta["max_length"], meta["eos_ids"]
         self.version = version
+        self.vision = None  # the image processor and store of a vision-language policy (set by start)
         self._weights: tuple[Any, int] | None = None  # the newest update's object ref and version
         self.restarts = 0
 
@@ -144,6 +146,7 @@ class EnginePool:
         cls, cluster: RayCluster, policy: torch.nn.Module, tokenizer, cfg, version: int, stage: str
     ) -> EnginePool:
         """``explorer.engine_num`` engine actors over ``policy``'s weights (``cluster.engine`` each)."""
+        from trivium.launch.build import vision_processor
         from trivium.models.protocol import eos_token_ids
 
         n = cfg.explorer.engine_num
@@ -151,9 +154,12 @@ class EnginePool:
         architecture = {k: v for k, v in policy.config.to_dict().items() if k != "_name_or_path"}
         key = json.dumps([engines_spec(cfg), architecture], sort_keys=True, default=str)
         meta = {
-            "max_length": policy.config.max_position_embeddings,
+            "max_length": policy.config.get_text_config().max_position_embeddings,
             "eos_ids": eos_token_ids(tokenizer, policy.generation_config, "EnginePool"),
         }
+        vision = vision_processor(cfg, policy)
+        if vision is not None:  # an explorer actor's pool loads the image processor from the same folder
+            meta["vision_source"] = policy.name_or_path
         dtype, _ = rollout_dtype(r.dtype, next(policy.parameters()).dtype, cfg.model.device)
         live = cluster.actors.get("engine", [])
         if live and _LIVE.get("key") == key and _LIVE.get("actors") == live:
@@ -163,6 +169,7 @@ class EnginePool:
                 len(live), stage, version,
             )  # fmt: skip
             pool = cls(cluster.cfg, list(live), tokenizer, dtype, meta, version)
+            pool.vision = vision
             pool._each(lambda i, actor: actor.reseed.remote(cfg.seed + i))  # as the engines started below
             pool.update_weights(policy.state_dict(), version)
             return pool
@@ -199,6 +206,7 @@ class EnginePool:
             )
         _LIVE.update(key=key, actors=list(actors))
         pool = cls(cluster.cfg, actors, tokenizer, dtype, meta, version)
+        pool.vision = vision
         pool.update_weights(policy.state_dict(), version)  # the starting weights, through the object store
         return pool
 
@@ -211,12 +219,21 @@ class EnginePool:
     def weights_dtype(self) -> torch.dtype:
         return self._dtype
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Generation]]:
-        """Contiguous shards of ``prompts``, one per engine, sampled in parallel; results in prompt order."""
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, media=None
+    ) -> list[list[Generation]]:
+        """Contiguous shards of ``prompts`` (and their images), one per engine, sampled in parallel; results
+        in prompt order."""
         size = -(-len(prompts) // len(self.actors))
         shards = {i: list(prompts[i * size : (i + 1) * size]) for i in range(len(self.actors))}
         shards = {i: s for i, s in shards.items() if s}
-        results = self._each(lambda i, actor: actor.generate.remote(shards[i], params), list(shards))
+        if media is None:
+            results = self._each(lambda i, actor: actor.generate.remote(shards[i], params), list(shards))
+        else:
+            images = {i: list(media[i * size : (i + 1) * size]) for i in shards}
+            results = self._each(
+                lambda i, actor: actor.generate.remote(shards[i], params, images[i]), list(shards)
+            )
         return [gen for i in shards for gen in results[i]]
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:

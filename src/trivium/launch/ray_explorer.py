@@ -71,6 +71,8 @@ class ExplorerActor:
         pool = EnginePool(
             cfg.cluster, engines, tokenizer, getattr(torch, meta["dtype"]), meta, meta["version"]
         )
+        if meta.get("vision_source"):  # a vision-language policy: image tasks are prepared here
+            pool.vision = build.vision_from_folder(cfg, meta["vision_source"])
         self.collected = _Collected()
         taskset = build.train_tasks(cfg)
         self.explorer = build.make_explorer(

@@ -82,13 +82,12 @@ class TrainerRankActor:
         )
 
     def build(self, blueprint: dict, weights: dict[str, torch.Tensor]) -> None:
-        from transformers import AutoModelForCausalLM
 
         from trivium.launch import build
-        from trivium.models.loading import resolve_dtype
+        from trivium.models.loading import auto_model_class, resolve_dtype
 
         with torch.device(self.device):
-            model = AutoModelForCausalLM.from_config(
+            model = auto_model_class(blueprint["config"]).from_config(
                 blueprint["config"], dtype=resolve_dtype(self.cfg.model.dtype)
             )
         if blueprint["lora"] is not None:

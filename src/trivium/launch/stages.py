@@ -146,6 +146,8 @@ def dataset_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: Run
     if done >= total:
         return
     data.tokenizer = state.tokenizer
+    if isinstance(data, SftReader):
+        data.vision = build.vision_processor(cfg, state.model)  # rows with images (a vision-language model)
     state.model = lora.prepare(state.model, cfg.model.lora)
     explorer = start_explorer(cfg, state) if cfg.buffer.eval_tasksets else None
     eval_sync = None if explorer is None else MemorySync(explorer.model, cfg.synchronizer.verify_checksum)

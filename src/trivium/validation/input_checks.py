@@ -165,7 +165,7 @@ def _long_rows(cfg: TriviumConfig, section, reader, field: str) -> list[Problem]
     from trivium.models.chat import char_budget
     from trivium.models.loading import load_tokenizer
 
-    context = getattr(AutoConfig.from_pretrained(folder), "max_position_embeddings", None)
+    context = getattr(AutoConfig.from_pretrained(folder).get_text_config(), "max_position_embeddings", None)
     if not context:
         return []
     tasks = reader.all_tasks()

@@ -8,6 +8,7 @@ from pathlib import Path
 from trivium.config.errors import Problem
 from trivium.config.schema import TriviumConfig
 from trivium.validation.cluster_fit import local_cluster_problems
+from trivium.validation.validate_vision import check_vision
 
 
 def engine_dtype(cfg: TriviumConfig) -> str:
@@ -32,6 +33,7 @@ def check_layout(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
     problems += _check_lora_targets(cfg, at, check_files)
     problems += _check_cluster(cfg, at)
     problems += _check_faults(cfg, at)
+    problems += check_vision(cfg, at)
     return problems
 
 
@@ -316,8 +318,9 @@ def _check_lora_targets(cfg: TriviumConfig, at, check_files: bool) -> list[Probl
 
 def _linear_layer_names(cfg: TriviumConfig) -> list[str] | None:
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
+    from trivium.models.loading import auto_model_class
     from trivium.models.tiny import recipe_config
 
     m = cfg.model
@@ -328,7 +331,7 @@ def _linear_layer_names(cfg: TriviumConfig) -> list[str] | None:
     else:
         return None
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = auto_model_class(config).from_config(config)
     head = model.get_output_embeddings()
     return [n for n, mod in model.named_modules() if isinstance(mod, torch.nn.Linear) and mod is not head]
 
