@@ -166,6 +166,24 @@ def test_partial_rollouts_on_ray_engines_take_the_driver_s_weights_mid_generatio
 
 
 @pytest.mark.integration
+@pytest.mark.slow
+def test_image_tasks_on_ray_actors_equal_the_local_backend(tmp_path, ray_cluster):
+    """The vision example (shortened): the explorer actor stores and processes the images, the engine actor
+    gets pixel values, the trainer rank actor reads the stored images back; the records equal a local run's."""
+    from tests.examples.test_vision_example import short_example
+
+    local = run(short_example(tmp_path, "local"))
+    assert local.returncode == 0, local.stderr[-3000:]
+    on_ray = run(short_example(tmp_path, "ray", cluster=ray_cluster_cfg()))
+    assert on_ray.returncode == 0, on_ray.stderr[-3000:]
+    assert re.search(r"Ray: placed \S+/explorer-\d+ on node", on_ray.stderr)
+    got = without(read_metrics(tmp_path / "runs" / "vision" / "ray"), "rollout/engine_restarts")
+    got = without(got, "rollout/explorer_restarts", "rollout/engine_peak_rss_mb")
+    assert_same_records(got, read_metrics(tmp_path / "runs" / "vision" / "local"))
+    assert (tmp_path / "runs" / "vision" / "ray" / "images").is_dir()
+
+
+@pytest.mark.integration
 def test_a_placement_that_cannot_fit_fails_at_once_naming_the_field(e2e, tmp_path, ray_cluster):
     e2e.write(tmp_path)
     path = config(e2e, tmp_path, "greedy", ray_cluster_cfg(trainer_rank={"num_cpus": 0.5, "num_gpus": 8}))
