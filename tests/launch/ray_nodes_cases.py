@@ -252,7 +252,10 @@ def test_a_lost_node_moves_its_engine_or_ends_the_run_resumable(e2e, tmp_path):
         )
         text = log.read_text()
         assert proc.returncode == 0, text[-3000:]
-        assert "which has left the cluster" in text and "rollout engine 0 restarted on node" in text
+        # (failed once in a loaded slow suite, passed alone: the log tail says what happened next time)
+        assert "which has left the cluster" in text and "rollout engine 0 restarted on node" in text, text[
+            -4000:
+        ]
         assert _grpo_steps(run_dir) == list(range(1, 13))  # each step trained once
 
         # 2. the last engine node goes too: nowhere to restart the engine, the run stops and says why

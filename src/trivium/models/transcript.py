@@ -59,15 +59,23 @@ class Transcript:
         *,
         tools: Sequence[Mapping[str, Any]] | None = None,
         eos_ids: Iterable[int] = (),
+        vision: Any = None,
     ):
+        """``vision``: a ``VisionProcessor`` (a vision-language model): image parts of messages
+        (``{"type": "image", "image": <ImageStore reference>}``) become their visual tokens, and ``images``
+        lists the references in order."""
         self.tokenizer = tokenizer
+        self.vision = vision
         self.tools = list(tools) if tools else None
         # end-of-turn candidates: the engine's eos ids (eos_ids) and the tokenizer's eos
         self.eos_ids = set(eos_ids) | (
             {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
         )
         self.messages: list[dict[str, Any]] = [dict(m) for m in messages]
-        self.tokens: list[int] = render_ids(tokenizer, self.messages, True, self.tools)
+        self.images: list[str] = image_refs(self.messages)
+        self.tokens: list[int] = self._expanded(
+            render_ids(tokenizer, self.messages, True, self.tools), self.images
+        )
         self.prompt_length = len(self.tokens)
         self.mask: list[bool] = []
         self.logprobs: list[float] = []
@@ -82,6 +90,7 @@ class Transcript:
         other.messages = [dict(m) for m in self.messages]
         other.tokens, other.mask, other.logprobs = list(self.tokens), list(self.mask), list(self.logprobs)
         other.versions = list(self.versions)
+        other.images = list(self.images)
         return other
 
     @property
@@ -134,7 +143,9 @@ class Transcript:
                 f"the chat template is not prefix-stable when appending {roles} messages after an assistant "
                 "turn: the earlier tokens change. Use a prefix-stable template (trivium check-template)."
             )
-        added += after[len(before) :]
+        refs = image_refs(new)
+        added += self._expanded(after[len(before) :], refs)
+        self.images += refs
         self.tokens += added
         self.mask += [False] * len(added)
         self.logprobs += [0.0] * len(added)
@@ -142,6 +153,14 @@ class Transcript:
         self.messages += new
         self._awaiting_model = True
         return added
+
+    def _expanded(self, ids: list[int], refs: list[str]) -> list[int]:
+        """``ids`` with each image placeholder widened to its image's visual tokens (``VisionProcessor``)."""
+        if not refs:
+            return ids
+        if self.vision is None:
+            raise ValueError("the messages hold images and this transcript has no image processor (vision)")
+        return self.vision.expand(ids, refs)
 
     def _closing_glue(self) -> _Glue:
         if self._glue is None:
@@ -159,6 +178,17 @@ class Transcript:
 
 
 _GLUE_CACHE: dict[tuple, _Glue] = {}
+
+
+def image_refs(messages: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The image references of ``messages``' image parts (``{"type": "image", "image": ref}``), in order."""
+    return [
+        str(part["image"])
+        for m in messages
+        if isinstance(m.get("content"), list)
+        for part in m["content"]
+        if isinstance(part, Mapping) and part.get("type") == "image" and isinstance(part.get("image"), str)
+    ]
 
 
 def _probe_glue(tokenizer, tools, eos_ids: set[int]) -> _Glue:

@@ -58,6 +58,7 @@ class RecordedCall:
     prompt: str | tuple[int, ...] | None = None
     params: Mapping[str, Any] = field(default_factory=dict)  # the SamplingParams used, as a dict
     prefix_reused: bool = False
+    images: tuple[str, ...] = ()  # the prompt's images (ImageStore references, in placeholder order)
     continued_call_id: str | None = None  # the call whose transcript the prompt continued
 
     @property
@@ -116,6 +117,7 @@ def step_experiences(
                         "prefix_reused": [call.prefix_reused],
                     },
                     metrics={"num_calls": float(len(calls)), "response_length": float(n)},
+                    images=call.images,
                 )
             )
     return out
@@ -169,4 +171,5 @@ def concat_experience(
             "prefix_reused": [c.prefix_reused for c in calls],
         },
         metrics={"num_calls": float(len(calls)), "response_length": float(sum(mask))},
+        images=calls[-1].images,  # every prompt extends the one before: the last one holds every image
     )

@@ -64,10 +64,15 @@ class ChatPrompt:
 
 
 def render_chat(
-    tokenizer, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None, eos_ids=()
+    tokenizer,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None,
+    eos_ids=(),
+    vision=None,
 ) -> ChatPrompt:
-    """The prompt of ``messages`` rendered afresh by the chat template (with the generation prompt)."""
-    transcript = Transcript(tokenizer, messages, tools=tools, eos_ids=eos_ids)
+    """The prompt of ``messages`` rendered afresh by the chat template (with the generation prompt);
+    ``vision``: the image processor that widens image parts (a vision-language model)."""
+    transcript = Transcript(tokenizer, messages, tools=tools, eos_ids=eos_ids, vision=vision)
     return ChatPrompt(transcript.ids, transcript)
 
 
@@ -160,6 +165,7 @@ class RecordingSession:
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None,
         eos_ids=(),
+        vision=None,
     ) -> ChatPrompt:
         """The prompt of a chat request: continues an earlier call's transcript when the messages extend
         it (see the module docstring), otherwise rendered afresh."""
@@ -174,7 +180,7 @@ class RecordingSession:
                 return ChatPrompt(forked.ids, forked, prefix_reused=True, continued_call_id=call.call_id)
             except TemplateError:
                 pass  # not prefix-stable for these messages: render afresh (prefix_reused stays False)
-        return render_chat(tokenizer, messages, tools, eos_ids)
+        return render_chat(tokenizer, messages, tools, eos_ids, vision)
 
     def record(
         self,

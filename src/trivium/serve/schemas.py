@@ -95,32 +95,48 @@ class ToolCallIn(_Request):
     function: FunctionCallIn
 
 
+def _image_url(value: Any) -> str | None:
+    """The URL of an ``image_url`` part: ``{"url": ...}`` (OpenAI) or a bare string."""
+    if isinstance(value, dict):
+        value = value.get("url")
+    return value if isinstance(value, str) else None
+
+
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Any = None  # str, list of {"type": "text", "text": str} parts, or null (assistant only)
+    # str, a list of {"type": "text", "text": str} and {"type": "image_url", "image_url": {"url": str}} parts
+    # (images: a vision-language model), or null (assistant only)
+    content: Any = None
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
 
     @field_validator("content")
     @classmethod
-    def _text(cls, value: Any) -> str | None:
+    def _text(cls, value: Any) -> str | list[dict[str, Any]] | None:
+        """Text parts joined into a string; with image parts, the parts in order (text, then image_url
+        parts holding their URL), which ``service.py`` turns into stored images."""
         if value is None or isinstance(value, str):
             return value
         if isinstance(value, list):
-            texts = []
+            parts: list[dict[str, Any]] = []
             for k, part in enumerate(value):
-                if not (
-                    isinstance(part, dict)
-                    and part.get("type") == "text"
-                    and isinstance(part.get("text"), str)
-                ):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind == "text" and isinstance(part.get("text"), str):
+                    parts.append({"type": "text", "text": part["text"]})
+                elif kind == "image_url" and isinstance(url := _image_url(part.get("image_url")), str):
+                    parts.append({"type": "image_url", "image_url": {"url": url}})
+                else:
                     raise ValueError(
-                        f"part {k} must be {{'type': 'text', 'text': str}}: only text content is supported"
+                        f"part {k} must be {{'type': 'text', 'text': str}} or {{'type': 'image_url', "
+                        "'image_url': {'url': 'data:image/png;base64,...'}}"
                     )
-                texts.append(part["text"])
-            return "\n".join(texts)
-        raise ValueError(f"must be a string, a list of text parts or null, got {type(value).__name__}")
+            if all(p["type"] == "text" for p in parts):
+                return "\n".join(p["text"] for p in parts)
+            return parts
+        raise ValueError(
+            f"must be a string, a list of text and image parts or null, got {type(value).__name__}"
+        )
 
     @model_validator(mode="after")
     def _content_required(self) -> ChatMessage:

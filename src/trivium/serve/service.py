@@ -91,6 +91,7 @@ class Service:
         self.seeded = "seed" in inspect.signature(self.engine.generate).parameters
         self.runner = Runner(model)  # started by OpenAIServer: generation off the request threads
         self.token_chars = max((len(t) for t in self.tokenizer.get_vocab()), default=1)
+        self.vision = getattr(model, "vision", None)  # a vision-language model's image processor and store
 
     def session(self, session_id: str | None) -> RecordingSession | None:
         if self.recorder is None:
@@ -159,7 +160,9 @@ class Service:
                 param=param,
             )
 
-    def generate(self, ids: list[int], params: SamplingParams, seed: int | None = None) -> tuple[int, list]:
+    def generate(
+        self, ids: list[int], params: SamplingParams, seed: int | None = None, images: Sequence[str] = ()
+    ) -> tuple[int, list]:
         """``params.n`` generations of ``ids`` in fair turns of at most ``split_n`` (see ``limits.py``);
         returns the weights version and the generations. A split request whose turns saw different weights
         versions is refused (503): its choices would not come from one policy."""
@@ -182,7 +185,7 @@ class Service:
             try:
                 with self.gate.turn(self.limits.queue_timeout_s):
                     versions.add(self.model.version)
-                    out = self._call(rows, one, None if seed is None else _turn_seed(seed, turn))
+                    out = self._call(rows, one, None if seed is None else _turn_seed(seed, turn), images)
             except ServerBusy:
                 raise RequestError(
                     f"the server is busy: no turn to generate within {self.limits.queue_timeout_s:g} s "
@@ -200,12 +203,55 @@ class Service:
             )
         return versions.pop(), gens
 
-    def _call(self, prompts: list[list[int]], params: SamplingParams, seed: int | None) -> list:
+    def _call(
+        self, prompts: list[list[int]], params: SamplingParams, seed: int | None, images: Sequence[str] = ()
+    ) -> list:
+        extra = {"media": [self.vision.prompt_images(images)] * len(prompts)} if images else {}
         if seed is not None:
-            return self.runner.direct(self.engine.generate, prompts, params, seed=seed)
+            return self.runner.direct(self.engine.generate, prompts, params, seed=seed, **extra)
         if self.engine is self.model:
-            return self.runner.direct(self.model.generate, prompts, params)
-        return self.model.generate(prompts, params)  # queued; the runner's driver thread runs the batch
+            return self.runner.direct(self.model.generate, prompts, params, **extra)
+        return self.model.generate(prompts, params, **extra)  # queued; the runner's driver thread runs it
+
+    def store_images(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``messages`` with each ``image_url`` part read, checked and stored (``ImageStore``), and replaced
+        by ``{"type": "image", "image": <reference>}``: the template form the recorder compares, a few
+        bytes in recorded calls. Only data URLs are read (a server that fetched URLs for its callers could
+        be made to reach any address it can); a bad image is a 400 naming its part."""
+        from trivium.models.vision import ImageError, load_image
+
+        out = []
+        for i, message in enumerate(messages):
+            content = message.get("content")
+            if not isinstance(content, list):
+                out.append(message)
+                continue
+            parts = []
+            for k, part in enumerate(content):
+                if part.get("type") != "image_url":
+                    parts.append(part)
+                    continue
+                param = f"messages[{i}].content[{k}]"
+                if self.vision is None:
+                    raise RequestError(
+                        f"{param}: this server's model takes no images (a text model); send text only, or "
+                        "serve a vision-language model",
+                        param=param,
+                    )
+                url = part["image_url"]["url"]
+                if not url.startswith("data:"):
+                    raise RequestError(
+                        f"{param}: image URLs other than data URLs are not fetched by this server; send the "
+                        "image inline as data:image/png;base64,...",
+                        param=param,
+                    )
+                try:
+                    image = load_image(url, param)
+                except ImageError as exc:
+                    raise RequestError(str(exc), param=param) from None
+                parts.append({"type": "image", "image": self.vision.store.put(image)})
+            out.append({**message, "content": parts})
+        return out
 
     def chat_prompt(
         self,
@@ -216,9 +262,9 @@ class Service:
         """The checked prompt: continued from the session's transcripts where possible (see recorder.py)."""
         try:
             if session is not None:
-                prompt = session.prepare_chat(self.tokenizer, messages, tools, self.eos_ids)
+                prompt = session.prepare_chat(self.tokenizer, messages, tools, self.eos_ids, self.vision)
             else:
-                prompt = render_chat(self.tokenizer, messages, tools, self.eos_ids)
+                prompt = render_chat(self.tokenizer, messages, tools, self.eos_ids, self.vision)
         except (JinjaTemplateError, ValueError, TypeError, KeyError) as exc:
             raise RequestError(
                 f"messages: the chat template cannot render this conversation: {type(exc).__name__}: {exc}",
@@ -229,12 +275,12 @@ class Service:
 
     def chat(self, body: ChatCompletionRequest, session_id: str | None) -> Any:
         session = self.session(session_id)
-        messages = [m.template() for m in body.messages]
+        messages = self.store_images([m.template() for m in body.messages])
         tools = [t.schema_entry() for t in body.tools] if body.tools else None
         params = self.params(body, body.response_tokens)
         self.check_length(sum(len(s) for s in _strings((messages, tools))), "messages")
         prompt = self.chat_prompt(session, messages, tools)
-        version, gens = self.generate(prompt.ids, params, body.seed)
+        version, gens = self.generate(prompt.ids, params, body.seed, prompt.transcript.images)
         call_id = new_call_id("chat")
         turns = [
             chat_choice(
@@ -362,6 +408,7 @@ def chat_call(
         params=dataclasses.asdict(params),
         prefix_reused=prompt.prefix_reused,
         continued_call_id=prompt.continued_call_id,
+        images=tuple(prompt.transcript.images),
     )
 
 
