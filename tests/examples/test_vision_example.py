@@ -62,3 +62,29 @@ def test_the_example_runs_sft_then_grpo_on_images(tmp_path, capsys):
     assert cli(["debug", "-c", str(config), "--stage", "grpo", "--n", "2"]) == 0
     shown = capsys.readouterr().out
     assert "<|vision_start|>" in shown and "advantages (grpo" in shown
+
+
+@pytest.mark.integration
+def test_bad_images_in_a_task_set_fail_their_tasks_and_the_run_goes_on(tmp_path):
+    """A truncated image, a missing file and a non-image among the GRPO tasks: each fails its task, named in
+    failures.jsonl by task and field, and the run completes."""
+    import base64
+    import json
+
+    config = short_example(tmp_path)
+    cfg = yaml.safe_load(config.read_text())
+    cfg["stages"][1]["buffer"]["taskset"]["shuffle"] = False
+    config.write_text(yaml.safe_dump(cfg))
+    rows = [json.loads(line) for line in (config.parent / "data" / "train.jsonl").read_text().splitlines()]
+    head, payload = rows[0]["image"].split(",", 1)
+    rows[0]["image"] = head + "," + base64.b64encode(base64.b64decode(payload)[:100]).decode()
+    rows[1]["image"] = "no/such/board.png"
+    rows[2]["image"] = "data:image/png;base64," + base64.b64encode(b"%PDF-1.4").decode()
+    (config.parent / "data" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert cli(["run", "--config", str(config)]) == 0
+    run = tmp_path / "runs" / "vision" / "shapes"
+    failures = (run / "failures.jsonl").read_text()
+    for why in ("damaged or truncated", "cannot read the image file", "not an image"):
+        assert why in failures and "field 'image'" in failures
+    grpo = [r for r in read_metrics(run) if r["stage"] == "grpo"]
+    assert sum(r["rollout/failed_tasks"] for r in grpo) == 3

@@ -128,7 +128,9 @@ def auto_model_class(config):
     vision-language model (a ``vision_config``), else ``AutoModelForCausalLM``."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    return AutoModelForImageTextToText if getattr(config, "vision_config", None) else AutoModelForCausalLM
+    from trivium.models.vision import is_vision_config
+
+    return AutoModelForImageTextToText if is_vision_config(config) else AutoModelForCausalLM
 
 
 def _check_source(path: str | Path) -> str:

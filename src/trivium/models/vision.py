@@ -366,12 +366,3 @@ def freeze_vision_tower(model: torch.nn.Module) -> int:
             p.requires_grad_(False)
             frozen += p.numel()
     return frozen
-
-
-def image_parts(content: Any) -> int:
-    """How many image parts a message's content holds (a string holds none)."""
-    if isinstance(content, list):
-        return sum(
-            1 for part in content if isinstance(part, dict) and part.get("type") in ("image", "image_url")
-        )
-    return 0
