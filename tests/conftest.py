@@ -67,6 +67,37 @@ def tiny_model_dir(tmp_path_factory, word_problem_dir):
     )
 
 
+@pytest.fixture(scope="module")
+def vlm_dir(request, tmp_path_factory):
+    """A random 2-layer, hidden-64 Qwen2-VL with its image processor; its tokenizer learns the test
+    module's ``VLM_CORPUS`` (a list of strings)."""
+    from trivium.models.tiny_vlm import make_tiny_vlm
+
+    corpus = request.module.VLM_CORPUS
+    return make_tiny_vlm(tmp_path_factory.mktemp("vlm") / "model", corpus, hidden_size=64, num_layers=2)
+
+
+@pytest.fixture
+def vision(vlm_dir, tmp_path):
+    """``vlm_dir``'s image processor over an image store in the test's folder."""
+    from trivium.models.vision import ImageStore, VisionProcessor
+
+    return VisionProcessor.from_pretrained(vlm_dir, ImageStore(tmp_path / "images"))
+
+
+@pytest.fixture
+def vlm_engine(vlm_dir, vision):
+    """The in-process engine over ``vlm_dir`` in fp32, taking images through ``vision``."""
+    from trivium.models.loading import load_causal_lm, load_tokenizer
+    from trivium.models.transformers_engine import TransformersEngine
+
+    engine = TransformersEngine(
+        load_causal_lm(vlm_dir), load_tokenizer(vlm_dir), device="cpu", dtype="float32", seed=0
+    )
+    engine.vision = vision
+    return engine
+
+
 @pytest.fixture
 def plugin_registries():
     """Restore every seam's registry (and forget the user modules imported meanwhile) after a test that

@@ -20,40 +20,23 @@ from PIL import Image
 from trivium.config.schema import AlgorithmConfig, TrainerConfig
 from trivium.models.chat import render_ids
 from trivium.models.handle import ModelHandle
-from trivium.models.loading import load_causal_lm, load_tokenizer
+from trivium.models.loading import load_causal_lm
 from trivium.models.protocol import SamplingParams
-from trivium.models.transformers_engine import TransformersEngine
-from trivium.models.vision import ImageError, ImageStore, VisionProcessor, freeze_vision_tower, load_image
+from trivium.models.vision import ImageError, freeze_vision_tower, load_image
 from trivium.trainer.logprobs import batched_logprobs, token_logprobs
 from trivium.trainer.spec import AlgorithmSpec
 from trivium.trainer.trainer import Trainer
 from trivium.types import Experience, Task, collate
 
-CORPUS = ["How many red shapes are there? 3", "Which colour is the square? red blue green 12"] * 20
+VLM_CORPUS = ["How many red shapes are there? 3", "Which colour is the square? red blue green 12"] * 20
 QUESTION = [
     {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many red shapes?"}]}
 ]
 
 
-@pytest.fixture(scope="module")
-def vlm_dir(tmp_path_factory):
-    from trivium.models.tiny_vlm import make_tiny_vlm
-
-    return make_tiny_vlm(tmp_path_factory.mktemp("vlm") / "model", CORPUS, hidden_size=64, num_layers=2)
-
-
 @pytest.fixture
-def vision(vlm_dir, tmp_path):
-    return VisionProcessor.from_pretrained(vlm_dir, ImageStore(tmp_path / "images"))
-
-
-@pytest.fixture
-def engine(vlm_dir, vision):
-    engine = TransformersEngine(
-        load_causal_lm(vlm_dir), load_tokenizer(vlm_dir), device="cpu", dtype="float32", seed=0
-    )
-    engine.vision = vision
-    return engine
+def engine(vlm_engine):
+    return vlm_engine
 
 
 def noise(width, height, seed):

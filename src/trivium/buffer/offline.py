@@ -10,6 +10,11 @@ Formats:
 - SFT ``messages``: a chat ``messages`` list (system/user/assistant/tool turns, several assistant turns
   allowed); every assistant turn is trained on. An optional ``tools`` column (OpenAI tool schemas) is
   passed to the chat template, so demonstrations of tool use see the prompt the agent will see.
+  With a vision-language model a message's ``content`` may be a list of parts, images among them:
+  ``{"type": "image", "image": <path | data URL>}`` or OpenAI's ``{"type": "image_url", "image_url":
+  {"url": <data URL>}}`` (multi-turn demonstrations of an agent that sees pictures).
+- SFT ``prompt_response`` with an ``image`` column (a path, data URL or a list of them): the images, then
+  the prompt, in the user message.
 - preference: ``prompt``, ``chosen`` and ``rejected`` strings.
 """
 
@@ -96,8 +101,15 @@ class SftReader(_OfflineReader):
             if self.cfg.system_prompt and messages[0].get("role") != "system":
                 messages.insert(0, {"role": "system", "content": self.cfg.system_prompt})
             tools = task.raw.get(self.cfg.fields.get("tools", "tools"))
+            messages, refs, count = self._message_images(task, messages)
             tokens, mask, p = encode_conversation(self.tokenizer, messages, tools=tools or None)
-            return _experience(tokens, p, mask[p:], task.task_id)
+            if refs:
+                tokens, mask = _widened(self.vision, tokens, mask, refs)
+            elif count:  # sizing without a processor: every image (its placeholder) as image_tokens tokens
+                extra = count * (self.image_tokens - 1)
+                tokens, mask = [self.tokenizer.pad_token_id] * extra + tokens, [False] * extra + mask
+            p = mask.index(True)
+            return _experience(tokens, p, mask[p:], task.task_id, refs)
         image = task.raw.get(self.cfg.fields.get("image", "image"))
         if image is None:
             prompt = _prompt_ids(self.tokenizer, task.data["prompt"], self.cfg.system_prompt)
@@ -106,6 +118,38 @@ class SftReader(_OfflineReader):
             prompt, images = self._image_prompt(task, image)
         response = _response_ids(self.tokenizer, task.data["response"])
         return _experience(prompt + response, len(prompt), [True] * len(response), task.task_id, images)
+
+    def _message_images(self, task: Task, messages: list) -> tuple[list, tuple[str, ...], int]:
+        """``messages`` with each image part's image checked and stored (the part holding its reference),
+        the references in order, and how many image parts there are."""
+        where = f"{self.field} ({self.cfg.path}) row {task.index}"
+        refs: list[str] = []
+        count = 0
+        out = []
+        for m, message in enumerate(messages):
+            content = message.get("content") if isinstance(message, dict) else None
+            if not isinstance(content, list):
+                out.append(message)
+                continue
+            parts = []
+            for k, part in enumerate(content):
+                image = _image_of(part, f"{where}, field 'messages'[{m}].content[{k}]")
+                if image is not None:
+                    count += 1
+                    if self.vision is not None:
+                        refs += self.vision.put([image], f"{where}, field 'messages'[{m}].content[{k}]")
+                        part = {"type": "image", "image": refs[-1]}
+                    elif not self.image_tokens:
+                        raise ValueError(
+                            f"{where}: message {m} holds an image and the model takes none: train a "
+                            "vision-language model (model.path a folder with a vision_config, e.g. from "
+                            "`trivium make-tiny --vlm`)"
+                        )
+                    else:
+                        part = {"type": "image"}
+                parts.append(part)
+            out.append({**message, "content": parts})
+        return out, tuple(refs), count
 
     def _image_prompt(self, task: Task, image) -> tuple[list[int], tuple[str, ...]]:
         """The prompt of a row with images: the images, then the prompt's text, in the user message."""
@@ -157,6 +201,33 @@ def _prompt_ids(tokenizer, prompt: str | list, system_prompt: str | None) -> lis
 def _response_ids(tokenizer, response: str) -> list[int]:
     """The response as text (a special token written in it is not a control token), then eos."""
     return [*text_ids(tokenizer, response), tokenizer.eos_token_id]
+
+
+def _image_of(part, where: str):
+    """The image of an image content part (``image`` or OpenAI ``image_url``), None for other parts."""
+    if not isinstance(part, dict) or part.get("type") not in ("image", "image_url"):
+        return None
+    if part["type"] == "image_url":
+        url = part.get("image_url")
+        url = url.get("url") if isinstance(url, dict) else url
+        if not isinstance(url, str):
+            raise ValueError(
+                f"{where}: an image_url part needs image_url.url (a data URL or path), got {part!r:.120}"
+            )
+        return url
+    if not isinstance(part.get("image"), str):
+        raise ValueError(f"{where}: an image part needs 'image' (a data URL or path), got {part!r:.120}")
+    return part["image"]
+
+
+def _widened(vision, tokens: list[int], mask: list[bool], refs) -> tuple[list[int], list[bool]]:
+    """``tokens`` with each image placeholder widened to its image's visual tokens, ``mask`` along."""
+    wide = vision.expand(tokens, refs)  # checks one placeholder per image
+    widths = iter([vision.visual_tokens(vision.pixels(ref)[1]) for ref in refs])
+    out_mask: list[bool] = []
+    for token, value in zip(tokens, mask):
+        out_mask += [value] * (next(widths) if token == vision.image_token_id else 1)
+    return wide, out_mask
 
 
 def _experience(

@@ -8,6 +8,13 @@ Observations are chat messages (``{"role": "user" | "tool" | "system", "content"
 the workflow renders them with the model's chat template and appends their tokens to the transcript with
 action mask False. A plain string is one user message.
 
+Image observations (vision-language models): a message's ``content`` may be a list of parts, text parts
+``{"type": "text", "text": str}`` and image parts ``{"type": "image", "image": X}`` where ``X`` is a PIL
+image, a uint8 array ``[H, W, 3]``, encoded bytes, a ``data:image/...;base64`` URL or a file path
+(``image_part`` makes one). The workflow checks and stores each image once (the run's image store) and
+the experiences refer to it; a bad image fails that episode only, naming the call, message and part. With
+a text-only rollout model an image observation fails the episode with an error that says so.
+
 Rewards: ``StepResult.reward`` is the reward of that step. Environments with only a final reward return 0
 until the last step. The episode return is the sum over steps.
 
@@ -33,6 +40,7 @@ __all__ = [
     "StepResult",
     "as_messages",
     "get_env_class",
+    "image_part",
     "make_env",
     "register_env",
 ]
@@ -76,6 +84,11 @@ class Environment(ABC):
     #: Tools the model may call (OpenAI ``tools`` schema entries); rendered by the chat template.
     def tool_schemas(self) -> list[dict[str, Any]]:
         return []
+
+
+def image_part(image: Any) -> dict[str, Any]:
+    """An image content part of an observation message (see the module docstring for what ``image`` may be)."""
+    return {"type": "image", "image": image}
 
 
 def as_messages(observation: str | Sequence[Message]) -> list[dict[str, Any]]:

@@ -26,6 +26,12 @@ the words ``left``, ``down``, ``right``, ``up`` (whole words, any case) anywhere
 reasoning after it. A turn with no move is invalid: the reply says so, the player stays, and the turn
 counts toward ``max_steps``.
 
+Image observations (``env_args: {observation: image}``, for a vision-language model): every turn is the
+map drawn as a picture (``render_image``: ice light blue, holes dark, the goal green, the player a red
+square), ``cell_px`` pixels a cell (default 28: one visual token per cell for Qwen2-VL, whose tokens
+cover 28x28 pixels), after the first turn's instruction (``IMAGE_INSTRUCTION``). The workflow stores
+each picture once in the run's image store; the experiences refer to them.
+
 Reward: 1.0 on reaching G, 0.0 otherwise (a hole or the step limit ends the episode with 0). ``info``:
 ``success`` (1.0 when G was reached), ``steps``, ``invalid_actions``, ``return``.
 ``shortest_path(desc)`` solves a map (BFS), for demonstrations and checks.
@@ -38,7 +44,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trivium.envs.base import register_env
+from trivium.envs.base import image_part, register_env
 from trivium.envs.gym_adapter import GymnasiumEnv
 from trivium.types import Task
 
@@ -50,6 +56,7 @@ __all__ = [
     "parse_map",
     "parse_move",
     "render_grid",
+    "render_image",
     "shortest_path",
 ]
 
@@ -62,6 +69,17 @@ _ACTION_WORD = re.compile(r"\b(left|down|right|up)\b", re.IGNORECASE)
 
 INSTRUCTION = "Walk from S to G. F: ice, H: hole, P: you.\nAnswer with one move: left, down, right or up."
 ACTION_HELP = "Use left, down, right or up."
+IMAGE_INSTRUCTION = "Walk to the green cell. Dark cells are holes, you are red.\nAnswer with one move: left, down, right or up."
+
+#: Cell colours of ``render_image`` (RGB).
+COLOURS = {
+    "S": (200, 228, 250),
+    "F": (200, 228, 250),
+    "H": (25, 30, 60),
+    "G": (40, 170, 70),
+    "P": (220, 40, 40),
+}
+_GRID_LINE = (150, 160, 175)
 
 
 def parse_map(value: Any, where: str = "field 'map'") -> list[str]:
@@ -141,6 +159,26 @@ def render_grid(desc: Sequence[str], row: int, col: int) -> str:
     )
 
 
+def render_image(desc: Sequence[str], row: int, col: int, cell_px: int = 28):
+    """The map as a PIL RGB image, ``cell_px`` pixels a cell, the player (red) at (row, col)."""
+    from PIL import Image, ImageDraw
+
+    rows, cols = len(desc), len(desc[0])
+    image = Image.new("RGB", (cols * cell_px, rows * cell_px), _GRID_LINE)
+    draw = ImageDraw.Draw(image)
+    inset = max(1, cell_px // 6)
+    for r, line in enumerate(desc):
+        for c, cell in enumerate(line):
+            x, y = c * cell_px, r * cell_px
+            draw.rectangle([x + 1, y + 1, x + cell_px - 2, y + cell_px - 2], fill=COLOURS[cell])
+            if (r, c) == (row, col):
+                draw.rectangle(
+                    [x + inset, y + inset, x + cell_px - 1 - inset, y + cell_px - 1 - inset],
+                    fill=COLOURS["P"],
+                )
+    return image
+
+
 def shortest_path(desc: Sequence[str]) -> list[str] | None:
     """The fewest moves from S to the nearest G avoiding holes (BFS; ties broken in ``ACTIONS`` order).
 
@@ -188,7 +226,11 @@ class FrozenLakeEnv(GymnasiumEnv):
         max_steps: turns per episode; default 2 * rows * cols (32 on 4x4).
         invalid_action_reward: reward of a turn without a move.
         p: the frozen-cell chance for generated maps whose row has no ``p``.
-        instruction: the first turn's rules; None or "" leaves only the grid.
+        instruction: the first turn's rules; None or "" leaves only the grid. The default ``INSTRUCTION``
+            (cell letters) becomes ``IMAGE_INSTRUCTION`` (cell colours) with image observations.
+        observation: ``"text"`` (the grid as characters) or ``"image"`` (a picture: ``render_image``; needs a
+            vision-language model).
+        cell_px: pixels per cell of the picture (8 to 256).
     """
 
     def __init__(
@@ -198,7 +240,17 @@ class FrozenLakeEnv(GymnasiumEnv):
         invalid_action_reward: float = 0.0,
         p: float = 0.8,
         instruction: str | None = INSTRUCTION,
+        observation: str = "text",
+        cell_px: int = 28,
     ):
+        if observation not in ("text", "image"):
+            raise ValueError(f"env_args.observation must be 'text' or 'image', got {observation!r}")
+        if isinstance(cell_px, bool) or not isinstance(cell_px, int) or not 8 <= cell_px <= 256:
+            raise ValueError(f"env_args.cell_px must be an integer from 8 to 256, got {cell_px!r}")
+        if instruction == INSTRUCTION:
+            instruction = IMAGE_INSTRUCTION if observation == "image" else INSTRUCTION
+        self.observation = observation
+        self.cell_px = cell_px
         super().__init__(
             "FrozenLake-v1",
             max_steps=1 if max_steps is None else max_steps,  # None: set per map in reset
@@ -220,8 +272,10 @@ class FrozenLakeEnv(GymnasiumEnv):
     def task_make_kwargs(self, task: Task) -> dict[str, Any]:
         return {"desc": self.desc, "is_slippery": self.is_slippery}
 
-    def describe(self, observation: Any, info: Mapping[str, Any]) -> str:
+    def describe(self, observation: Any, info: Mapping[str, Any]) -> str | list[dict[str, Any]]:
         row, col = divmod(int(observation), len(self.desc[0]))
+        if self.observation == "image":
+            return [image_part(render_image(self.desc, row, col, self.cell_px))]
         return render_grid(self.desc, row, col)
 
     def parse_action(self, text: str) -> int | None:

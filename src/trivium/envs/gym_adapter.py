@@ -31,7 +31,7 @@ import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from trivium.envs.base import Environment, StepResult
+from trivium.envs.base import Environment, Message, StepResult
 from trivium.types import Task
 
 __all__ = ["GymnasiumEnv", "task_seed"]
@@ -98,8 +98,9 @@ class GymnasiumEnv(Environment):
         self.total_reward, self.success, self.done = 0.0, False, False
 
     # --- text glue: override these, or pass callables -------------------------------------------------
-    def describe(self, observation: Any, info: Mapping[str, Any]) -> str:
-        """The observation as text for the model. Default: the value printed as is."""
+    def describe(self, observation: Any, info: Mapping[str, Any]) -> str | list[dict[str, Any]]:
+        """The observation for the model: text, or a list of content parts (text and image parts, see
+        ``envs/base.py``) for a vision-language model. Default: the value printed as is."""
         if self._describe_fn is not None:
             return self._describe_fn(observation, info)
         value = observation.tolist() if hasattr(observation, "tolist") else observation
@@ -133,7 +134,7 @@ class GymnasiumEnv(Environment):
         return dict(self.make_kwargs)
 
     # --- the Environment contract ---------------------------------------------------------------------
-    def reset(self, task: Task) -> str:
+    def reset(self, task: Task) -> str | list[Message]:
         try:
             import gymnasium
         except ImportError as exc:
@@ -148,8 +149,7 @@ class GymnasiumEnv(Environment):
         self._obs, self._info = self.env.reset(seed=task_seed(task, self.seed_field))
         self.steps = self.invalid_actions = 0
         self.total_reward, self.success, self.done = 0.0, False, False
-        text = self.describe(self._obs, self._info)
-        return f"{self.instruction}\n\n{text}" if self.instruction else text
+        return _observation(self.instruction, self.describe(self._obs, self._info))
 
     def step(self, action: str) -> StepResult:
         if self.done or self.env is None:
@@ -163,11 +163,13 @@ class GymnasiumEnv(Environment):
         if move is None:
             self.invalid_actions += 1
             reward, terminated, truncated = self.invalid_action_reward, False, False
-            text = f"Invalid action. {self.action_help()}\n{self.describe(self._obs, self._info)}"
+            text = _observation(
+                f"Invalid action. {self.action_help()}", self.describe(self._obs, self._info), "\n"
+            )
         else:
             self._obs, gym_reward, terminated, truncated, self._info = self.env.step(move)
             reward = float(gym_reward)
-            text = self.describe(self._obs, self._info)
+            text = _observation(None, self.describe(self._obs, self._info))
             if terminated or truncated:
                 self.success = self.is_success(reward, bool(terminated), self._info)
         self.total_reward += reward
@@ -196,3 +198,14 @@ class GymnasiumEnv(Environment):
                 f"spaces only, this one is {space}; subclass GymnasiumEnv or pass parse_action= and action_help="
             )
         return int(getattr(space, "start", 0)), int(n)
+
+
+def _observation(
+    before: str | None, described: str | list[dict[str, Any]], sep: str = "\n\n"
+) -> str | list[Message]:
+    """``described`` (text or content parts) with ``before`` put in front of it: text stays text, parts
+    become one user message whose parts start with ``before``."""
+    if isinstance(described, str):
+        return f"{before}{sep}{described}" if before else described
+    parts = ([{"type": "text", "text": before + sep}] if before else []) + list(described)
+    return [{"role": "user", "content": parts}]

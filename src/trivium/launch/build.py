@@ -59,8 +59,20 @@ def corpus_lines(t: TinyModelConfig):
             else [json.loads(x) for x in text.splitlines() if x.strip()]
         )
         for row in rows:
-            values = row.values() if isinstance(row, dict) else [row]
-            yield from (v for v in values if isinstance(v, str) and not v.startswith("data:"))  # no images
+            yield from _strings(row)
+
+
+def _strings(value):
+    """Every string inside ``value`` (rows, chat messages and their parts), images (data URLs) left out."""
+    if isinstance(value, str):
+        if not value.startswith("data:"):
+            yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
 
 
 def load_policy(path: str, cfg: TriviumConfig):

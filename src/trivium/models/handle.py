@@ -165,6 +165,11 @@ class ModelHandle:
             )
         return vision
 
+    @property
+    def takes_images(self) -> bool:
+        """Whether the rollout model is a vision-language model (has a ``VisionProcessor``)."""
+        return getattr(self._model, "vision", None) is not None
+
     def put_images(self, images: Sequence[Any], where: str) -> tuple[str, ...]:
         """Check and store ``images`` (paths, bytes, data URLs, arrays); their references, in order."""
         return self.vision.put(images, where)

@@ -47,6 +47,7 @@ __all__ = [
     "ImageStore",
     "PromptImages",
     "VisionProcessor",
+    "data_url",
     "is_vision_config",
     "load_image",
 ]
@@ -62,6 +63,16 @@ class ImageError(ValueError):
 def is_vision_config(config: Any) -> bool:
     """A transformers config of a vision-language model (it has a ``vision_config``)."""
     return getattr(config, "vision_config", None) is not None
+
+
+def data_url(image: PILImage.Image | bytes) -> str:
+    """A ``data:image/png;base64,...`` URL of a PIL image (saved as an optimised PNG) or of PNG bytes: how
+    an image goes into a JSON row."""
+    if not isinstance(image, bytes):
+        out = io.BytesIO()
+        image.save(out, format="PNG", optimize=True)
+        image = out.getvalue()
+    return "data:image/png;base64," + base64.b64encode(image).decode()
 
 
 def load_image(value: Any, where: str, base_dir: str | Path | None = None) -> PILImage.Image:

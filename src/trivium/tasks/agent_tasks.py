@@ -12,6 +12,8 @@ demonstrations hold exactly the observations the agent will get:
 - ``frozenlake``: gymnasium's FrozenLake on random 4x4 maps (seeded), one move per turn. The teacher walks
   a shortest path but, where the best move is ``right``, says ``down`` with probability ``CONFUSION``; the
   SFT agent then prefers ``down`` there, which ends in holes or walls. Reaching the goal is rewarded.
+  ``observation="image"``: the same game seen as pictures (for a vision-language model); the
+  demonstrations hold every picture as a PNG data URL.
 
 Every random stream is derived from ``(seed, label)``; the same arguments give byte-identical files; test
 splits exclude every train/SFT question (calculator) or map seed (frozenlake).
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from trivium.envs.base import Environment, as_messages, make_env
+from trivium.models.vision import data_url
 from trivium.types import Task
 
 __all__ = ["CONFUSION", "SKIP_TOOL", "write_calculator", "write_frozenlake"]
@@ -111,11 +114,13 @@ def _teacher_move(desc: list[str], cell: tuple[int, int], rng: random.Random) ->
     return "down" if best == "right" and rng.random() < CONFUSION else best
 
 
-def frozenlake_demo(row: dict[str, Any], rng: random.Random, max_turns: int) -> dict[str, Any]:
+def frozenlake_demo(
+    row: dict[str, Any], rng: random.Random, max_turns: int, observation: str = "text"
+) -> dict[str, Any]:
     from trivium.envs.frozenlake import map_from_row
 
     desc = map_from_row(row)
-    env = make_env("frozenlake")
+    env = make_env("frozenlake", observation=observation)
     task = Task("demo", row, "multi_turn", "exact_match")
     cell = (0, 0)
     moves = []
@@ -130,10 +135,19 @@ def frozenlake_demo(row: dict[str, Any], rng: random.Random, max_turns: int) -> 
 
 
 def write_frozenlake(
-    out_dir: str | Path, *, seed: int = 0, size: int = 4, n_train=2000, n_test=200, n_sft=8000, max_turns=8
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    size: int = 4,
+    n_train=2000,
+    n_test=200,
+    n_sft=8000,
+    max_turns=8,
+    observation: str = "text",
 ) -> dict:
     """Task sets of ``{"size", "seed"}`` maps (test seeds disjoint from train/SFT), teacher demonstrations
-    of at most ``max_turns`` moves, and a tokenizer corpus, as JSONL files in ``out_dir``."""
+    of at most ``max_turns`` moves (seen as ``observation``: text or image), and a tokenizer corpus, as
+    JSONL files in ``out_dir``."""
     seeds = list(range(seed * 1_000_000, seed * 1_000_000 + n_train + n_sft + n_test))
     _rng(seed, "frozenlake-seeds").shuffle(seeds)
     row = lambda s: {"size": size, "seed": s}  # noqa: E731
@@ -141,7 +155,7 @@ def write_frozenlake(
     sft_rows = [row(s) for s in seeds[n_train : n_train + n_sft]]
     test = [row(s) for s in seeds[n_train + n_sft :]]
     rng = _rng(seed, "frozenlake-teacher")
-    sft = [frozenlake_demo(r, rng, max_turns) for r in sft_rows]
+    sft = [frozenlake_demo(r, rng, max_turns, observation) for r in sft_rows]
     return _write(out_dir, train=train, test=test, sft=sft, corpus=_corpus(sft))
 
 
@@ -164,14 +178,31 @@ def _run_teacher(env: Environment, task: Task, turns: list[str | None]) -> dict[
         env.close()
     if messages[-1]["role"] != "assistant":  # the teacher ran out of turns mid-episode
         messages.pop()
-    out: dict[str, Any] = {"messages": messages, "reward": reward}
+    out: dict[str, Any] = {"messages": [_json_message(m) for m in messages], "reward": reward}
     if tools:
         out["tools"] = tools
     return out
 
 
+def _json_message(message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` as a JSON row holds it: pictures (image parts) as PNG data URLs."""
+    content = message["content"]
+    if not isinstance(content, list):
+        return message
+    parts = [
+        {"type": "image", "image": data_url(p["image"])} if p.get("type") == "image" else p for p in content
+    ]
+    return {**message, "content": parts}
+
+
+def _texts(content: str | list) -> list[str]:
+    if isinstance(content, str):
+        return [content]
+    return [p["text"] for p in content if p.get("type") == "text"]
+
+
 def _corpus(demos: list[dict[str, Any]]) -> list[dict[str, str]]:
-    texts = {m["content"] for d in demos for m in d["messages"]}
+    texts = {t for d in demos for m in d["messages"] for t in _texts(m["content"])}
     texts |= {json.dumps(t["function"]) for d in demos[:1] for t in d.get("tools", [])}
     return [{"text": t} for t in sorted(texts)]
 

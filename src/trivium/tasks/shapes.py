@@ -24,12 +24,13 @@ Every random stream comes from ``(seed, label)``; the test split holds no image 
 
 from __future__ import annotations
 
-import base64
 import io
 import json
 import random
 from collections.abc import Collection
 from pathlib import Path
+
+from trivium.models.vision import data_url
 
 __all__ = ["COLOURS", "CONFUSION", "generate_rows", "render", "write_shapes"]
 
@@ -99,7 +100,7 @@ def generate_rows(
             continue
         cells = rng.sample(range(GRID * GRID), len(colours))
         shapes = sorted((cell, colour, rng.choice(KINDS)) for cell, colour in zip(cells, colours))
-        image = "data:image/png;base64," + base64.b64encode(render(shapes, rng)).decode()
+        image = data_url(render(shapes, rng))
         if image in seen:
             continue
         seen.add(image)

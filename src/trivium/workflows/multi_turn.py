@@ -74,6 +74,7 @@ class Episode:
     transcript: Transcript | None = None
     rewards: list[float] = field(default_factory=list)  # one per model turn
     turn_spans: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of each model turn
+    turn_images: list[int] = field(default_factory=list)  # images in the transcript at each model turn
     last: StepResult | None = None
     done: bool = False
     reason: str = ""  # why it ended: done, max_turns, context, error
@@ -127,12 +128,16 @@ class MultiTurnWorkflow(Workflow):
             live = [e for e in live if not e.done]
             if not live:
                 break
-            generations = model.generate_many([e.transcript.ids for e in live], n=1)
+            media = [_prompt_images(e.transcript) for e in live]
+            generations = model.generate_many(
+                [e.transcript.ids for e in live], media=media if any(media) else None, n=1
+            )
             for e, (gen,) in zip(live, generations):
                 start = len(e.transcript.tokens)
+                e.turn_images.append(len(e.transcript.images))
                 e.transcript.add_generation(gen)
                 e.turn_spans.append((start, len(e.transcript.tokens)))
-                self._step(task, e, gen.text)
+                self._step(task, e, gen.text, model)
         self.failed_runs = [(e.run_index, e.error) for e in episodes if e.reason == "error"]
         for run, reason in self.failed_runs:
             log.warning("task %s run %d failed: %s", task.task_id, run, reason)
@@ -151,11 +156,15 @@ class MultiTurnWorkflow(Workflow):
                 what=f"{self.env_name}.reset",
                 fault_site="env",
             )
+            messages = self._with_stored_images(
+                model, as_messages(opening), f"task {task.task_id} run {run_index}, {self.env_name}.reset"
+            )
             episode.transcript = Transcript(
                 model.tokenizer,
-                as_messages(opening),
+                messages,
                 tools=episode.env.tool_schemas() or None,
                 eos_ids=model.eos_ids,
+                vision=model.vision if model.takes_images else None,
             )
         except TemplateError:
             raise
@@ -163,7 +172,34 @@ class MultiTurnWorkflow(Workflow):
             self._fail(episode, f"reset: {exc!r}")
         return episode
 
-    def _step(self, task: Task, e: Episode, action: str) -> None:
+    def _with_stored_images(
+        self, model: ModelHandle, messages: list[dict[str, Any]], where: str
+    ) -> list[dict[str, Any]]:
+        """``messages`` with each image part's image checked and stored, the part holding its reference
+        (what ``Transcript`` renders and the experiences carry); messages without images as they are."""
+        out = []
+        for m, message in enumerate(messages):
+            content = message["content"]
+            if not isinstance(content, list) or not any(_is_image_part(p) for p in content):
+                out.append(message)
+                continue
+            if not model.takes_images:
+                raise ValueError(
+                    f"{where}: message {m} holds an image and the rollout model takes none: use a "
+                    "vision-language model (e.g. `trivium make-tiny --vlm`), or an environment that answers in text"
+                )
+            parts = []
+            for k, part in enumerate(content):
+                if _is_image_part(part):
+                    if "image" not in part:
+                        raise ValueError(f"{where}: message {m} part {k} is an image part without 'image'")
+                    (ref,) = model.put_images([part["image"]], f"{where}, message {m} part {k}")
+                    part = {"type": "image", "image": ref}
+                parts.append(part)
+            out.append({**message, "content": parts})
+        return out
+
+    def _step(self, task: Task, e: Episode, action: str, model: ModelHandle) -> None:
         try:
             result = call_with_timeout(
                 e.env.step,
@@ -187,7 +223,10 @@ class MultiTurnWorkflow(Workflow):
             e.done, e.reason = True, "max_turns"
         else:
             try:
-                e.transcript.add_messages(as_messages(result.observation))
+                where = f"task {task.task_id} run {e.run_index}, {self.env_name}.step {len(e.rewards) - 1}"
+                e.transcript.add_messages(
+                    self._with_stored_images(model, as_messages(result.observation), where)
+                )
             except TemplateError:
                 raise
             except Exception as exc:
@@ -225,10 +264,20 @@ class MultiTurnWorkflow(Workflow):
                 reward=float(sum(e.rewards)),
                 task_id=task.task_id,
                 run_index=e.run_index,
+                images=tuple(t.images),
                 info={"end": e.reason, "turns": len(e.rewards), **_versions_info(t.versions)},
                 metrics={**metrics, "response_length": float(sum(t.mask))},
             )
         ]
+
+
+def _is_image_part(part: Any) -> bool:
+    return isinstance(part, Mapping) and part.get("type") == "image"
+
+
+def _prompt_images(transcript: Transcript):
+    """The engine inputs of the transcript's images, or None without images."""
+    return transcript.vision.prompt_images(transcript.images) if transcript.images else None
 
 
 def _versions_info(versions: list[int]) -> dict:
@@ -263,7 +312,7 @@ class StepWiseWorkflow(MultiTurnWorkflow):
         returns.reverse()
         metrics = self.episode_metrics(e)
         out = []
-        for turn, ((start, end), ret) in enumerate(zip(e.turn_spans, returns)):
+        for turn, ((start, end), ret, images) in enumerate(zip(e.turn_spans, returns, e.turn_images)):
             out.append(
                 Experience(
                     tokens=torch.tensor(t.tokens[:end], dtype=torch.long),
@@ -274,6 +323,7 @@ class StepWiseWorkflow(MultiTurnWorkflow):
                     task_id=task.task_id,
                     run_index=e.run_index,
                     turn=turn,
+                    images=tuple(t.images[:images]),
                     info={
                         "end": e.reason,
                         "turns": len(e.rewards),
