@@ -1,6 +1,7 @@
-"""examples/vision: the shipped data is what make_data.py writes, and the config runs end to end
+"""examples/vision: the shipped data is what make_data.py writes, and the configs run end to end
 (shortened): a tiny Qwen2-VL made in the run folder, SFT on image demonstrations, GRPO on image tasks, each
-stored image kept once, checkpoints that load as a whole vision-language model."""
+stored image kept once, checkpoints that load as a whole vision-language model; the FrozenLake agent seen
+as pictures (multi-turn SFT demonstrations and GRPO episodes holding a picture per turn)."""
 
 import shutil
 from pathlib import Path
@@ -36,6 +37,53 @@ def short_example(tmp_path, name="shapes", **top) -> Path:
     path = folder / f"test_{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+def short_frozenlake(folder: Path, root: Path, name="frozenlake") -> Path:
+    """examples/vision/frozenlake.yaml shortened (2 SFT steps of 8 episodes, 2 GRPO steps of 2 tasks x 4
+    episodes of at most 3 turns, trajectories recorded every step) over small data written into ``folder``."""
+    from trivium.tasks.agent_tasks import write_frozenlake
+
+    write_frozenlake(folder / "data" / "frozenlake", n_train=8, n_test=4, n_sft=16, observation="image")
+    cfg = yaml.safe_load((EXAMPLE / "frozenlake.yaml").read_text())
+    cfg.update(checkpoint_root=str(root), name=name)
+    cfg["monitor"] = {"progress_bar": False, "trajectories": {"every": 1, "per_step": 4}}
+    cfg["model"]["tiny"].update(hidden_size=32, num_layers=1, intermediate_size=64)
+    cfg["buffer"]["eval_tasksets"][0].update(max_rows=4)
+    cfg["stages"][0]["buffer"].update(total_steps=2, batch_size=8)
+    grpo = cfg["stages"][1]["buffer"]
+    grpo.update(total_steps=2, batch_size=2)
+    grpo["taskset"].update(repeat_times=4)
+    for taskset in (grpo["taskset"], cfg["buffer"]["eval_tasksets"][0]):
+        taskset["workflow_args"]["max_turns"] = 3
+    path = folder / f"test_{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.mark.integration
+def test_the_frozenlake_agent_learns_from_pictures_end_to_end_shortened(tmp_path):
+    """SFT on the teacher's picture episodes, then GRPO over whole episodes: every experience holds its
+    episode's pictures (stored once each), and the recorded samples say where each picture's tokens are."""
+    from trivium.models.vision import ImageStore
+    from trivium.monitor.trajectories import read_trajectories
+
+    config = short_frozenlake(tmp_path, tmp_path / "runs")
+    assert cli(["run", "--config", str(config)]) == 0
+    run = tmp_path / "runs" / "vision" / "frozenlake"
+    grpo = [r for r in read_metrics(run) if r["stage"] == "grpo"]
+    assert grpo[-1]["rollout/count"] == 8 and "eval/test/success" in grpo[-1]
+    records = read_trajectories(run)
+    assert records and all(len(r["images"]) == len(r["image_spans"]) >= 1 for r in records)
+    store = ImageStore(run / "images")
+    for r in records:
+        tokens = r["prompt_ids"] + r["response_ids"]
+        for ref, (start, end) in zip(r["images"], r["image_spans"]):
+            assert store.path(ref).is_file() and end - start == 16  # a 4x4 map: one visual token a cell
+            assert len(set(tokens[start:end])) == 1
+        later = [s for s, _ in r["image_spans"][1:]]
+        assert all(s >= len(r["prompt_ids"]) for s in later)  # the environment's pictures: in the response
+        assert not any(r["mask"][s - len(r["prompt_ids"])] for s in later)
 
 
 @pytest.mark.integration

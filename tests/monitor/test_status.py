@@ -63,3 +63,13 @@ def test_a_resumed_stage_drops_its_trajectory_records_after_the_resume_step(tmp_
         ("grpo", 1),
         ("grpo", 2),
     ]
+
+
+def test_image_spans_locate_each_pictures_visual_tokens_or_give_up():
+    from trivium.monitor.trajectories import image_spans
+
+    tokens = [5, 9, 9, 9, 6, 1, 2, 5, 9, 9, 6]
+    assert image_spans(tokens, 9, 2) == [[1, 4], [8, 10]]
+    assert image_spans(tokens, 9, 3) == []  # runs that do not match the images: shown as tokens
+    assert image_spans(tokens, None, 2) == []  # the placeholder is unknown
+    assert image_spans([9, 9, 9], 9, 1) == [[0, 3]]

@@ -333,3 +333,45 @@ def test_reward_serve_calls_by_keyboard_and_view_the_buffer(studio, browser, tin
         assert page.locator(".sample").count() == 3
         assert "rollout log-prob" in page.locator(".sample .tok:not(.prompt)").first.get_attribute("title")
     assert not errors, errors
+
+
+@pytest.mark.integration
+def test_a_vision_agents_samples_show_their_pictures(studio, browser, tmp_path):
+    """The FrozenLake-from-pictures example (shortened) under Studio's root: the Trajectories page shows each
+    picture in place of its visual tokens (the environment's pictures marked as not trained), served from
+    the run's image store; a bad or unknown image reference is answered 400 / 404."""
+    from tests.examples.test_vision_example import short_frozenlake
+
+    from trivium.cli import main as cli
+
+    assert cli(["run", "--config", str(short_frozenlake(tmp_path, studio.root))]) == 0
+    records = read_trajectories(studio.root / "vision" / "frozenlake")
+    ref = records[0]["images"][0]
+    answer = studio.http.get("/api/run/image", params={"id": "vision/frozenlake", "ref": ref})
+    assert answer.status_code == 200 and answer.headers["content-type"] == "image/png"
+    assert (
+        answer.content
+        == (studio.root / "vision" / "frozenlake" / "images" / ref[:2] / f"{ref}.png").read_bytes()
+    )
+    bad = studio.http.get("/api/run/image", params={"id": "vision/frozenlake", "ref": "../../status.json"})
+    assert bad.status_code == 400 and "not an image reference" in bad.json()["error"]
+    missing = studio.http.get("/api/run/image", params={"id": "vision/frozenlake", "ref": "0" * 64})
+    assert missing.status_code == 404 and "has no image" in missing.json()["error"]
+
+    page = open_page(browser, viewport={"width": 1400, "height": 900})
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{studio.url}/#/trajectories?id=vision/frozenlake")
+    page.wait_for_selector(".sample img.pic")
+    pictures = sum(len(r["images"]) for r in records[: page.locator(".sample").count()])
+    assert page.locator(".sample img.pic").count() == pictures
+    assert page.locator(".sample img.pic.env").count() == pictures - page.locator(".sample").count()
+    page.wait_for_function(
+        "[...document.querySelectorAll('img.pic')].every((i) => i.complete && i.naturalWidth === 112)"
+    )
+    first = page.locator(".sample img.pic").first
+    assert "16 visual tokens" in first.get_attribute("title") and first.get_attribute("data-ref") == ref
+    # no token of a picture is shown as text: the placeholder runs are replaced whole
+    assert "image_pad" not in page.locator("#samples").inner_text()
+    page.screenshot(path=str(shots(tmp_path) / "trajectories_pictures.png"))
+    assert not errors, errors

@@ -114,7 +114,9 @@ def debug_stage(
     say(f"\ntime: {seconds:.2f} s for the task, {engine_s:.2f} s in the model engine, "
         f"{max(0.0, seconds - engine_s):.2f} s outside it (environment, reward, workflow code)")  # fmt: skip
     if out is not None:
-        _write_records(out, chosen.name, experiences, tokenizer, advantages)
+        vision = getattr(model, "vision", None)
+        image_token = vision.image_token_id if vision is not None else None
+        _write_records(out, chosen.name, experiences, tokenizer, advantages, image_token)
         say(f"wrote {len(experiences)} record(s) to {out} (trivium studio's trajectory viewer opens it as a "
             "run folder's trajectories.jsonl)")  # fmt: skip
     return 0 if experiences else 1
@@ -269,10 +271,10 @@ def _first_on_mask(advantages: torch.Tensor, batch, i: int) -> float:
     return float(advantages[on][0]) if on.any() else 0.0
 
 
-def _write_records(out: Path, stage: str, experiences: list, tokenizer, advantages) -> None:
+def _write_records(out: Path, stage: str, experiences: list, tokenizer, advantages, image_token=None) -> None:
     from trivium.monitor.trajectories import token_record
 
-    lines = [{"stage": stage, "step": 0, "global_step": 0, **token_record(e, tokenizer),
+    lines = [{"stage": stage, "step": 0, "global_step": 0, **token_record(e, tokenizer, image_token),
               "messages": e.info.get("messages"), "response": e.info.get("response")}
              for e in experiences]  # fmt: skip
     for line, adv in zip(lines, advantages or [], strict=False):

@@ -7,7 +7,9 @@ response tokens (ids and text) and, per response token: the rollout engine's log
 log-prob and full-vocabulary entropy at the same weights (one extra forward pass over those rows, no
 gradients), the advantage the loss uses, and the action mask (False: an environment or tool token inside a
 multi-turn response). With the group, reward, weights version and step, that is what shows why a run learns
-or collapses, one token at a time.
+or collapses, one token at a time. Samples of a vision-language model also hold their images (references
+into the run's ``images/`` store) and where each image's visual tokens are (``image_spans``), so the viewer
+shows the picture in place of its tokens.
 
 Recorded on the process that holds the whole model (``trainer.strategy`` single or ddp, local backend);
 fsdp2 and Ray trainer ranks record nothing (a log line says so). A resumed stage drops its records after the
@@ -62,11 +64,15 @@ class TrajectoryRecorder:
         chosen = self._choose(experiences)
         rows = sorted({int(_row_of(batch, i)) for i in chosen})
         trainer_lp, entropy = logprobs_of(rows)
+        image_token = batch.media.image_token_id if batch.media is not None else None
         lines = []
         for i in chosen:
             r = rows.index(int(_row_of(batch, i)))
             span = (batch.seq_index[rows[r]] == i).nonzero().flatten()
-            lines.append(self._line(step, experiences[i], span, r, rows[r], trainer_lp, entropy, advantages))
+            line = self._line(
+                step, experiences[i], span, r, rows[r], trainer_lp, entropy, advantages, image_token
+            )
+            lines.append(line)
         with open(self.path, "a", encoding="utf-8") as f:
             f.write("".join(json.dumps(line) + "\n" for line in lines))
             f.flush()
@@ -84,7 +90,9 @@ class TrajectoryRecorder:
         picked = sorted({round(j * (len(groups) - 1) / max(1, count - 1)) for j in range(count)})
         return sorted(i for g in picked for i in groups[g][:per_group])[: self.per_step]
 
-    def _line(self, step, e, span, sub_row, row, trainer_lp, entropy, advantages) -> dict[str, Any]:
+    def _line(
+        self, step, e, span, sub_row, row, trainer_lp, entropy, advantages, image_token
+    ) -> dict[str, Any]:
         resp = span[e.prompt_length :]
         mask = e.action_mask.bool()
 
@@ -96,7 +104,7 @@ class TrajectoryRecorder:
             "stage": self.stage,
             "step": step,
             "global_step": self.global_offset + step,
-            **token_record(e, self.tokenizer),
+            **token_record(e, self.tokenizer, image_token),
             "messages": e.info.get("messages"),  # the chat of a single-turn sample (annotation's prompt)
             "response": e.info.get("response"),
             "trainer_logprob": values(trainer_lp, sub_row),
@@ -105,10 +113,15 @@ class TrajectoryRecorder:
         }
 
 
-def token_record(e, tokenizer) -> dict[str, Any]:
+def token_record(e, tokenizer, image_token_id: int | None = None) -> dict[str, Any]:
     """What a trajectory record holds of the experience itself: ids, reward and version, every prompt and
-    response token (id and text), the action mask and the rollout engine's log-probs."""
+    response token (id and text), the action mask and the rollout engine's log-probs; with images, their
+    references and ``image_spans``: ``[start, end)`` of each image's visual tokens (positions in prompt +
+    response, image by image; ``image_token_id`` is the model's placeholder token)."""
     tokens, p = e.tokens.tolist(), e.prompt_length
+    images = {}
+    if e.images:
+        images = {"images": list(e.images), "image_spans": image_spans(tokens, image_token_id, len(e.images))}
     return {
         "task_id": e.task_id,
         "group_id": e.group_id,
@@ -123,7 +136,24 @@ def token_record(e, tokenizer) -> dict[str, Any]:
         "response_text": [tokenizer.decode([t]) for t in tokens[p:]],
         "mask": e.action_mask.bool().tolist(),
         "logprob": [round(x, 5) for x in e.logprobs.float().tolist()],
+        **images,
     }
+
+
+def image_spans(tokens: list[int], image_token_id: int | None, count: int) -> list[list[int]]:
+    """``[start, end)`` of each run of ``image_token_id`` in ``tokens`` (one per image, in order); empty when
+    the placeholder is unknown or the runs do not match ``count`` images (the viewer then shows tokens)."""
+    if image_token_id is None:
+        return []
+    spans: list[list[int]] = []
+    for i, t in enumerate(tokens):
+        if t != image_token_id:
+            continue
+        if spans and spans[-1][1] == i:
+            spans[-1][1] = i + 1
+        else:
+            spans.append([i, i + 1])
+    return spans if len(spans) == count else []
 
 
 def _row_of(batch, i: int) -> int:

@@ -299,6 +299,23 @@ def _run_routes(app: FastAPI, guard: Guard) -> None:
         tail = failures.read_text(encoding="utf-8").splitlines()[-50:] if failures.exists() else []
         return {"log": run_control.log_tail(guard, id), "failures": [json.loads(x) for x in _complete(tail)]}
 
+    @app.get("/api/run/image")
+    def run_image(id: str, ref: str) -> FileResponse:
+        """One picture of the run's image store (``<run>/images``, by its reference): what a vision-language
+        sample saw, for the trajectory viewer."""
+        from trivium.models.vision import ImageError, ImageStore
+
+        store = ImageStore(guard.run_dir(id) / "images")
+        try:
+            path = store.path(ref)
+        except ImageError as error:
+            raise RequestError(f"ref: {error}") from None
+        if not path.is_file():
+            raise FileNotFoundError(f"run {id} has no image {ref[:12]}... in its images/ folder")
+        return FileResponse(
+            path, media_type="image/png", headers={"Cache-Control": "max-age=86400, immutable"}
+        )
+
     @app.get("/api/run/trajectories")
     def trajectories(
         id: str,

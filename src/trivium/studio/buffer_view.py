@@ -18,6 +18,7 @@ whether or not the serve process is still running.
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 from dataclasses import dataclass
@@ -80,20 +81,35 @@ class _Run:
 
         return SqlStorage(self.buffer_file(guard))
 
-    def tokenizer(self):
-        from trivium.models.loading import load_tokenizer
-
+    def model_folder(self) -> Path:
+        """The folder of the run's model (its tokenizer and config): base_model in the run folder, or
+        model.path."""
         candidates = [self.dir / "base_model"]
         candidates += [Path(str((c.get("model") or {}).get("path") or "")) for c in self.configs]
         for path in candidates:
             if str(path) not in ("", ".") and (path / "tokenizer_config.json").exists():
-                with _lock:
-                    if str(path) not in _tokenizers:
-                        _tokenizers[str(path)] = load_tokenizer(path)
-                    return _tokenizers[str(path)]
+                return path
         raise FileNotFoundError(
             f"run {self.id}: no tokenizer found (base_model in the run folder, or model.path)"
         )
+
+    def tokenizer(self):
+        from trivium.models.loading import load_tokenizer
+
+        path = self.model_folder()
+        with _lock:
+            if str(path) not in _tokenizers:
+                _tokenizers[str(path)] = load_tokenizer(path)
+            return _tokenizers[str(path)]
+
+    def image_token_id(self) -> int | None:
+        """The model's image placeholder token (a vision-language model's config.json), else None."""
+        try:
+            config = json.loads((self.model_folder() / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        value = config.get("image_token_id")
+        return value if isinstance(value, int) else None
 
 
 def buffer_records(guard: Guard, run_id: str, status: str | None = None, limit: int = 200) -> list[dict]:
@@ -102,12 +118,12 @@ def buffer_records(guard: Guard, run_id: str, status: str | None = None, limit: 
     from trivium.monitor.trajectories import token_record
 
     run = _Run.of(guard, run_id)
-    tokenizer = run.tokenizer()
+    tokenizer, image_token = run.tokenizer(), run.image_token_id()
     with run.storage(guard) as storage:
         experiences = storage.peek(status, limit=limit)
     return [
         {
-            **token_record(e, tokenizer),
+            **token_record(e, tokenizer, image_token),
             "source": "buffer",
             "stage": "buffer",
             "step": e.explore_step,

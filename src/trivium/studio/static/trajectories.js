@@ -1,6 +1,7 @@
 // Trajectories: recorded samples token by token (monitor.trajectories), or the newest experiences of the
 // run's SQL buffer (decoupled runs: rollout numbers only), each token coloured by the chosen quantity;
-// prompt tokens grey, environment tokens (mask false) hatched; every number in a token's tooltip.
+// prompt tokens grey, environment tokens (mask false) hatched; every number in a token's tooltip. The
+// visual tokens of an image (vision-language samples: record.images, record.image_spans) show as the image.
 import { api, el, query } from "./dom.js";
 
 const MEASURES = {
@@ -31,14 +32,45 @@ function tokenText(text) {
   return text.replace(/\n/g, "↵").replace(/ /g, "·") || "∅";
 }
 
-function sample(record, measure) {
+// The picture standing for the visual tokens [start, end) of image k; env: it came from the environment.
+function picture(record, runId, k, start, end, env) {
+  const ref = record.images[k];
+  const where = env ? "the environment's, not trained" : "prompt";
+  return el("img", {
+    class: env ? "pic env" : "pic",
+    src: `/api/run/image?id=${encodeURIComponent(runId)}&ref=${encodeURIComponent(ref)}`,
+    alt: `image ${k + 1}`,
+    title: `image ${k + 1} of ${record.images.length}: ${end - start} visual tokens at ${start}-${end - 1} (${where})\nref ${ref}`,
+    "data-ref": ref,
+    "data-visual-tokens": end - start,
+  });
+}
+
+// Tokens at positions [from, to) of prompt + response: each made by token(i), each image's run of visual
+// tokens replaced by its picture.
+function pieces(record, runId, from, to, token) {
+  const starts = new Map((record.image_spans || []).map(([s, e], k) => [s, [e, k]]));
+  const out = [];
+  for (let i = from; i < to; i++) {
+    const image = starts.get(i);
+    if (image) {
+      out.push(picture(record, runId, image[1], i, image[0], i >= record.prompt_ids.length));
+      i = image[0] - 1;
+    } else out.push(token(i));
+  }
+  return out;
+}
+
+function sample(record, measure, runId) {
   const m = MEASURES[measure];
   const values = m.values(record) || record.logprob.map(() => 0); // buffer records: no trainer numbers
   const at = (v, i) => (v ? v[i] : "—");
   const masked = values.filter((_, i) => record.mask[i]).map(Math.abs);
   const scale = Math.max(1e-6, ...masked);
-  const prompt = record.prompt_text.map((t, i) => el("span", { class: "tok prompt", title: `prompt token ${record.prompt_ids[i]}` }, tokenText(t)));
-  const response = record.response_text.map((t, i) => {
+  const p = record.prompt_ids.length;
+  const prompt = pieces(record, runId, 0, p, (i) => el("span", { class: "tok prompt", title: `prompt token ${record.prompt_ids[i]}` }, tokenText(record.prompt_text[i])));
+  const response = pieces(record, runId, p, p + record.response_ids.length, (j) => {
+    const i = j - p, t = record.response_text[i];
     const env = !record.mask[i];
     const title = env
       ? `environment token ${record.response_ids[i]} (mask false: not trained)`
@@ -51,6 +83,7 @@ function sample(record, measure) {
       style: env ? "" : `background:${colour(values[i], scale, m.diverging)}`,
     }, tokenText(t));
   });
+  const images = record.images ? el("span", {}, `${record.images.length} image(s)`) : null;
   const meanAdv = (record.advantage || []).filter((_, i) => record.mask[i]);
   return el("div", { class: "panel sample", "data-group": record.group_id, "data-global-step": record.global_step, "data-run-index": record.run_index },
     el("div", { class: "row muted" },
@@ -59,7 +92,7 @@ function sample(record, measure) {
       record.turn ? el("span", {}, `turn ${record.turn}`) : null,
       el("span", { class: "reward" }, `reward ${record.reward ?? "pending"}`),
       record.advantage ? el("span", {}, `mean advantage ${(meanAdv.reduce((a, b) => a + b, 0) / Math.max(1, meanAdv.length)).toFixed(3)}`) : null,
-      el("span", {}, `weights v${record.model_version}`), el("span", {}, `task ${record.task_id}`)),
+      el("span", {}, `weights v${record.model_version}`), el("span", {}, `task ${record.task_id}`), images),
     el("div", { class: "tokens" }, prompt, el("span", { class: "sep" }, "│"), response));
 }
 
@@ -77,7 +110,7 @@ export async function trajectoriesPage(page) {
   page.append(
     el("div", { class: "panel row" }, el("a", { href: `#/run?id=${encodeURIComponent(id)}` }, id),
       controls.source, "step", controls.step, "sort by", controls.sort, controls.order, "colour by", controls.measure, count),
-    el("div", { class: "muted legend" }, "prompt tokens grey; environment tokens hatched (not trained); hover a token for its numbers; ↵ newline, · space"),
+    el("div", { class: "muted legend" }, "prompt tokens grey; environment tokens hatched (not trained); an image stands for its visual tokens; hover a token or image for its numbers; ↵ newline, · space"),
     el("div", { class: "muted legend", id: "colour-legend-row" }, legend(controls.measure.value)),
     list);
   let records = [];
@@ -93,7 +126,7 @@ export async function trajectoriesPage(page) {
     draw();
   }
   function draw() {
-    list.replaceChildren(...(records.length ? records.map((r) => sample(r, controls.measure.value)) : [el("div", { class: "muted" }, "no recorded samples: the run records every monitor.trajectories.every steps of its RL stages")]));
+    list.replaceChildren(...(records.length ? records.map((r) => sample(r, controls.measure.value, id)) : [el("div", { class: "muted" }, "no recorded samples: the run records every monitor.trajectories.every steps of its RL stages")]));
   }
   for (const c of [controls.step, controls.sort, controls.order]) c.addEventListener("change", load);
   controls.source.addEventListener("change", () => { controls.step.replaceChildren(); controls.step.value = ""; load(); });
