@@ -60,3 +60,30 @@ def test_image_tasks_and_freeze_vision_need_a_vision_model(data_dir):
     found = paths(raw, data_dir)
     assert "model.freeze_vision" in found
     assert "qwen2_vl" in found["buffer.taskset.workflow"].fix
+
+
+def test_the_tiny_vlms_largest_image_comes_from_model_tiny_image_size(data_dir, monkeypatch):
+    from trivium.launch.build import ensure_model
+    from trivium.models.vision import ImageStore, VisionProcessor
+
+    monkeypatch.chdir(data_dir)
+    cfg = validate_raw(
+        config(model={"tiny": {"architecture": "qwen2_vl", "corpus": ["corpus.jsonl"], "image_size": 168}}),
+        data_dir,
+    ).config
+    folder = ensure_model(cfg, data_dir / "run")
+    processor = json.loads((data_dir / "run" / "base_model" / "preprocessor_config.json").read_text())
+    assert processor["size"]["longest_edge"] == 168 * 168  # transformers keeps max_pixels here
+    vision = VisionProcessor.from_pretrained(folder, ImageStore(data_dir / "images"))
+    from PIL import Image
+
+    (ref,) = vision.put([Image.new("RGB", (336, 336), (255, 0, 0))], "a board")
+    assert vision.visual_tokens(vision.pixels(ref)[1]) == 36  # scaled down to 168 x 168: 6 x 6 tokens
+    assert "multiple of 28" in str(
+        paths(
+            config(
+                model={"tiny": {"architecture": "qwen2_vl", "corpus": ["corpus.jsonl"], "image_size": 100}}
+            ),
+            data_dir,
+        )
+    )

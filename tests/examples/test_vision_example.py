@@ -44,7 +44,9 @@ def short_frozenlake(folder: Path, root: Path, name="frozenlake") -> Path:
     episodes of at most 3 turns, trajectories recorded every step) over small data written into ``folder``."""
     from trivium.tasks.agent_tasks import write_frozenlake
 
-    write_frozenlake(folder / "data" / "frozenlake", n_train=8, n_test=4, n_sft=16, observation="image")
+    write_frozenlake(
+        folder / "data" / "frozenlake", n_train=8, n_test=4, n_sft=16, env_args={"observation": "image"}
+    )
     cfg = yaml.safe_load((EXAMPLE / "frozenlake.yaml").read_text())
     cfg.update(checkpoint_root=str(root), name=name)
     cfg["monitor"] = {"progress_bar": False, "trajectories": {"every": 1, "per_step": 4}}

@@ -61,7 +61,7 @@ def test_the_picture_shows_the_map_and_the_player():
 
 
 def test_every_turn_is_a_picture_and_the_first_has_the_colour_rules():
-    env = FrozenLakeEnv(observation="image")
+    env = FrozenLakeEnv(env_args={"observation": "image"})
     [opening] = env.reset(lake_task())
     assert opening["role"] == "user" and opening["content"][0]["text"].startswith(IMAGE_INSTRUCTION)
     assert opening["content"][1]["type"] == "image" and opening["content"][1]["image"].size == (112, 112)
@@ -161,7 +161,7 @@ def test_picture_demonstrations_train_on_the_moves_only(engine, vision, tmp_path
     from trivium.config.schema import SftDatasetConfig
     from trivium.tasks.agent_tasks import write_frozenlake
 
-    paths = write_frozenlake(tmp_path, n_train=1, n_test=1, n_sft=6, observation="image")
+    paths = write_frozenlake(tmp_path, n_train=1, n_test=1, n_sft=6, env_args={"observation": "image"})
     cfg = SftDatasetConfig(path=str(paths["sft"]), format="messages", shuffle=False)
     reader = SftReader(cfg, engine.tokenizer, vision=vision)
     experiences = reader.next_batch(6)

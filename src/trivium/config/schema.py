@@ -65,7 +65,10 @@ class TinyModelConfig(StrictModel):
     """MLP width."""
     architecture: Literal["qwen2", "llama", "qwen2_vl"] = "qwen2"
     """transformers architecture to instantiate; qwen2_vl: a vision-language model (a 2-layer vision tower,
-    an image processor for 56x56 to 112x112 pixels; docs/vision.md)."""
+    an image processor for 56x56 to image_size x image_size pixels; docs/vision.md)."""
+    image_size: int = Field(112, ge=56, le=1792, multiple_of=28)
+    """qwen2_vl: the side of the largest image the processor keeps (larger ones are scaled down to
+    image_size**2 pixels); a 28 x 28 square is one visual token."""
     seed: int = Field(0, ge=0, le=SEED_MAX)
     """Seed for the weights; the same seed and corpus give byte-identical files."""
 

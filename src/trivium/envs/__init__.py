@@ -1,5 +1,21 @@
 """Environments for multi-turn workflows: the contract (``base``) and built-in environments."""
 
-from trivium.envs.base import ENVIRONMENTS, Environment, StepResult, as_messages, make_env, register_env
+from trivium.envs.base import (
+    ENVIRONMENTS,
+    Environment,
+    StepResult,
+    as_messages,
+    image_part,
+    make_env,
+    register_env,
+)
 
-__all__ = ["ENVIRONMENTS", "Environment", "StepResult", "as_messages", "make_env", "register_env"]
+__all__ = [
+    "ENVIRONMENTS",
+    "Environment",
+    "StepResult",
+    "as_messages",
+    "image_part",
+    "make_env",
+    "register_env",
+]

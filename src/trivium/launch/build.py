@@ -30,7 +30,8 @@ def ensure_model(cfg: TriviumConfig, run_dir: Path) -> str:
         if kwargs.pop("architecture") == "qwen2_vl":
             from trivium.models.tiny_vlm import make_tiny_vlm
 
-            make_tiny_vlm(path, corpus_lines(cfg.model.tiny), **kwargs)
+            side = cfg.model.tiny.image_size
+            make_tiny_vlm(path, corpus_lines(cfg.model.tiny), max_pixels=side * side, **kwargs)
         else:
             make_tiny(path, corpus_lines(cfg.model.tiny), architecture=cfg.model.tiny.architecture, **kwargs)
     return path

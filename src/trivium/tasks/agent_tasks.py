@@ -12,7 +12,7 @@ demonstrations hold exactly the observations the agent will get:
 - ``frozenlake``: gymnasium's FrozenLake on random 4x4 maps (seeded), one move per turn. The teacher walks
   a shortest path but, where the best move is ``right``, says ``down`` with probability ``CONFUSION``; the
   SFT agent then prefers ``down`` there, which ends in holes or walls. Reaching the goal is rewarded.
-  ``observation="image"``: the same game seen as pictures (for a vision-language model); the
+  ``env_args={"observation": "image"}``: the same game seen as pictures (for a vision-language model); the
   demonstrations hold every picture as a PNG data URL.
 
 Every random stream is derived from ``(seed, label)``; the same arguments give byte-identical files; test
@@ -115,12 +115,12 @@ def _teacher_move(desc: list[str], cell: tuple[int, int], rng: random.Random) ->
 
 
 def frozenlake_demo(
-    row: dict[str, Any], rng: random.Random, max_turns: int, observation: str = "text"
+    row: dict[str, Any], rng: random.Random, max_turns: int, env_args: dict | None = None
 ) -> dict[str, Any]:
     from trivium.envs.frozenlake import map_from_row
 
     desc = map_from_row(row)
-    env = make_env("frozenlake", observation=observation)
+    env = make_env("frozenlake", **(env_args or {}))
     task = Task("demo", row, "multi_turn", "exact_match")
     cell = (0, 0)
     moves = []
@@ -143,11 +143,11 @@ def write_frozenlake(
     n_test=200,
     n_sft=8000,
     max_turns=8,
-    observation: str = "text",
+    env_args: dict | None = None,
 ) -> dict:
     """Task sets of ``{"size", "seed"}`` maps (test seeds disjoint from train/SFT), teacher demonstrations
-    of at most ``max_turns`` moves (seen as ``observation``: text or image), and a tokenizer corpus, as
-    JSONL files in ``out_dir``."""
+    of at most ``max_turns`` moves (the environment made with ``env_args``, e.g. ``{"observation": "image"}``
+    for pictures), and a tokenizer corpus, as JSONL files in ``out_dir``."""
     seeds = list(range(seed * 1_000_000, seed * 1_000_000 + n_train + n_sft + n_test))
     _rng(seed, "frozenlake-seeds").shuffle(seeds)
     row = lambda s: {"size": size, "seed": s}  # noqa: E731
@@ -155,7 +155,7 @@ def write_frozenlake(
     sft_rows = [row(s) for s in seeds[n_train : n_train + n_sft]]
     test = [row(s) for s in seeds[n_train + n_sft :]]
     rng = _rng(seed, "frozenlake-teacher")
-    sft = [frozenlake_demo(r, rng, max_turns, observation) for r in sft_rows]
+    sft = [frozenlake_demo(r, rng, max_turns, env_args) for r in sft_rows]
     return _write(out_dir, train=train, test=test, sft=sft, corpus=_corpus(sft))
 
 
