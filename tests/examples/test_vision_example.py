@@ -111,7 +111,7 @@ def test_the_example_runs_sft_then_grpo_on_images(tmp_path, capsys):
     capsys.readouterr()
     assert cli(["debug", "-c", str(config), "--stage", "grpo", "--n", "2"]) == 0
     shown = capsys.readouterr().out
-    assert "<|vision_start|>" in shown and "advantages (grpo" in shown
+    assert "<|vision_start|><|image_pad|>×16<|vision_end|>" in shown and "advantages (grpo" in shown
 
 
 @pytest.mark.integration

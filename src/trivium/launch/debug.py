@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -50,12 +51,17 @@ def mask_runs(e) -> list[tuple[str, int]]:
     return runs
 
 
-def render_tokens(e, tokenizer, color: bool) -> str:
+def render_tokens(e, tokenizer, color: bool, image_token: int | None = None) -> str:
     """The experience's text, each run of one kind coloured (a terminal) or marked: ``[[trained]]``,
-    ``{{environment}}``, the prompt plain."""
+    ``{{environment}}``, the prompt plain; an image's visual tokens (``image_token``) shown once with their
+    count, e.g. ``<|image_pad|>×16``."""
     ids, out, at = e.tokens.tolist(), [], 0
+    placeholder = tokenizer.convert_ids_to_tokens(image_token) if image_token is not None else None
     for kind, n in mask_runs(e):
         text = tokenizer.decode(ids[at : at + n])
+        if placeholder:
+            run = re.compile(f"(?:{re.escape(placeholder)})+")
+            text = run.sub(lambda m: f"{placeholder}×{len(m.group()) // len(placeholder)}", text)
         at += n
         if color:
             out.append(f"{_COLORS[kind]}{text}{_RESET}")
@@ -105,8 +111,10 @@ def debug_stage(
     for f in failures:
         say(f"FAILED ({f['when']}, run {f['run_index']}, attempt {f['attempt']}): {f['reason']}")
     experiences = [e.replace(group_id=0) for e in experiences]
+    vision = getattr(model, "vision", None)
+    image_token = vision.image_token_id if vision is not None else None
     for i, e in enumerate(experiences):
-        _show(say, i, e, tokenizer, color)
+        _show(say, i, e, tokenizer, color, image_token)
     advantages = None
     if experiences:
         _show_operators(say, cfg, experiences)
@@ -114,8 +122,6 @@ def debug_stage(
     say(f"\ntime: {seconds:.2f} s for the task, {engine_s:.2f} s in the model engine, "
         f"{max(0.0, seconds - engine_s):.2f} s outside it (environment, reward, workflow code)")  # fmt: skip
     if out is not None:
-        vision = getattr(model, "vision", None)
-        image_token = vision.image_token_id if vision is not None else None
         _write_records(out, chosen.name, experiences, tokenizer, advantages, image_token)
         say(f"wrote {len(experiences)} record(s) to {out} (trivium studio's trajectory viewer opens it as a "
             "run folder's trajectories.jsonl)")  # fmt: skip
@@ -195,7 +201,7 @@ def _run_here(task, model, params) -> list:
         return []
 
 
-def _show(say, i: int, e, tokenizer, color: bool) -> None:
+def _show(say, i: int, e, tokenizer, color: bool, image_token: int | None) -> None:
     parts = {k: round(v, 4) for k, v in e.metrics.items() if isinstance(v, (int, float))}
     lp = e.logprobs[e.action_mask.bool()].float()
     say(f"\n--- experience {i} (run {e.run_index}, turn {e.turn}): reward {e.reward:.4f}  {parts}")
@@ -204,7 +210,7 @@ def _show(say, i: int, e, tokenizer, color: bool) -> None:
     if lp.numel():
         say(f"log-probs of the {lp.numel()} trained token(s): mean {float(lp.mean()):.3f}, "
             f"min {float(lp.min()):.3f}")  # fmt: skip
-    say(render_tokens(e, tokenizer, color))
+    say(render_tokens(e, tokenizer, color, image_token))
 
 
 def _show_operators(say, cfg, experiences: list) -> None:
