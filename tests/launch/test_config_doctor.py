@@ -250,3 +250,57 @@ def test_the_trainer_estimate_holds_at_real_vocabularies_and_prompt_lengths(voca
     ratio = step_growth(response, HEAD_CHUNK_VALUES // vocab) / measured["grown_mb"]
     assert 0.8 <= ratio <= 1.25, (ratio, measured)
     assert step_growth(prompt + response, 0) / measured["grown_mb"] > 3  # what counting every position said
+
+
+@pytest.mark.parametrize("pictures", [False, True])
+def test_a_multi_turn_stage_is_sized_by_its_episodes(tmp_path, pictures):
+    """FrozenLake through `multi_turn`: the doctor resets the environment and steps it once per probed task,
+    and counts an episode as the opening + max_turns x (max_tokens + 1) + (max_turns - 1) x the reply; with
+    pictures each image counts as the tiny VLM's largest image (16 tokens at 112 x 112)."""
+    from trivium.envs.base import as_messages, make_env
+    from trivium.launch.build import corpus_lines
+    from trivium.models.chat import render_ids
+    from trivium.models.tiny import build_tokenizer
+    from trivium.tasks.agent_tasks import write_frozenlake
+    from trivium.types import Task
+
+    env_args = {"observation": "image"} if pictures else {}
+    paths = write_frozenlake(tmp_path / "data", n_train=8, n_test=2, n_sft=4, env_args=env_args)
+    tiny = {"corpus": [str(paths["corpus"])], "hidden_size": 32, "num_layers": 1, "vocab_size": 320}
+    if pictures:
+        tiny["architecture"] = "qwen2_vl"
+    cfg = {
+        "project": "doc",
+        "name": "lake",
+        "checkpoint_root": str(tmp_path / "runs"),
+        "model": {"tiny": tiny},
+        "explorer": {"rollout": {"max_tokens": 6}},
+        "buffer": {
+            "batch_size": 2,
+            "total_steps": 1,
+            "taskset": {
+                "path": str(paths["train"]),
+                "workflow": "multi_turn",
+                "workflow_args": {"env": "frozenlake", "env_args": env_args, "max_turns": 5},
+                "repeat_times": 4,
+            },
+        },
+    }
+    path = tmp_path / "lake.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    text, _ = explain(load_config(path))
+    line = next(x for x in text.splitlines() if x.strip().startswith("tokens"))
+    # the same count by hand, for the first task (every generated 4x4 map's opening has one length)
+    run_cfg = load_config(path)
+    tokenizer = build_tokenizer(list(corpus_lines(run_cfg.config.model.tiny)), 320, 4096)
+    row = json.loads(paths["train"].read_text().splitlines()[0])
+    env = make_env("frozenlake", **env_args)
+    opening = as_messages(env.reset(Task("t", row, "multi_turn", "")))
+    image = [{"type": "image"}]
+    if pictures:
+        opening = [{"role": "user", "content": [opening[0]["content"][0], *image]}]
+    first = len(render_ids(tokenizer, opening, True)) + (15 if pictures else 0)
+    assert f"an episode: opening {first} tokens + 5 turns" in line
+    reply = int(line.split(" sampled + ")[1].split(" ")[0])
+    assert f"= {first + 5 * 7 + 4 * reply} per sequence" in line
+    assert reply > (16 if pictures else 31)  # an invalid turn's reply: help text and the observation

@@ -54,6 +54,15 @@ def test_the_picture_shows_the_map_and_the_player():
         centre[(1, 1)] == COLOURS["H"] and centre[(3, 3)] == COLOURS["G"] and centre[(0, 0)] == COLOURS["S"]
     )
     assert tuple(image[2 * 28 + 2, 1 * 28 + 2]) == COLOURS["F"]  # the player is drawn inside its cell
+    local = np.asarray(render_image(MAP, 0, 0, cell_px=28, view=3))  # the 3 x 3 cells around the player
+    assert local.shape == (84, 84, 3)
+    seen = {(i, j): tuple(local[i * 28 + 14, j * 28 + 14]) for i in range(3) for j in range(3)}
+    assert seen[(1, 1)] == COLOURS["P"] and seen[(2, 2)] == COLOURS["H"] and seen[(1, 2)] == COLOURS["F"]
+    assert all(seen[cell] == COLOURS["W"] for cell in [(0, 0), (0, 1), (0, 2), (1, 0), (2, 0)])  # the edge
+    with pytest.raises(ValueError, match="view must be an odd integer"):
+        FrozenLakeEnv(observation="image", view=2)
+    with pytest.raises(ValueError, match="set observation: image too"):
+        FrozenLakeEnv(view=3)
     with pytest.raises(ValueError, match="observation must be 'text' or 'image'"):
         FrozenLakeEnv(observation="pixels")
     with pytest.raises(ValueError, match="cell_px"):

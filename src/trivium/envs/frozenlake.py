@@ -70,6 +70,10 @@ _ACTION_WORD = re.compile(r"\b(left|down|right|up)\b", re.IGNORECASE)
 INSTRUCTION = "Walk from S to G. F: ice, H: hole, P: you.\nAnswer with one move: left, down, right or up."
 ACTION_HELP = "Use left, down, right or up."
 IMAGE_INSTRUCTION = "Walk to the green cell. Dark cells are holes, you are red.\nAnswer with one move: left, down, right or up."
+LOCAL_VIEW_INSTRUCTION = (
+    "Walk to the green cell, down and to the right. You see the cells around you: dark cells are holes, grey "
+    "is the edge, you are red in the middle.\nAnswer with one move: left, down, right or up."
+)
 
 #: Cell colours of ``render_image`` (RGB).
 COLOURS = {
@@ -78,6 +82,7 @@ COLOURS = {
     "H": (25, 30, 60),
     "G": (40, 170, 70),
     "P": (220, 40, 40),
+    "W": (120, 120, 120),  # beyond the map's edge (a local view)
 }
 _GRID_LINE = (150, 160, 175)
 
@@ -159,18 +164,26 @@ def render_grid(desc: Sequence[str], row: int, col: int) -> str:
     )
 
 
-def render_image(desc: Sequence[str], row: int, col: int, cell_px: int = 28):
-    """The map as a PIL RGB image, ``cell_px`` pixels a cell, the player (red) at (row, col)."""
+def render_image(desc: Sequence[str], row: int, col: int, cell_px: int = 28, view: int | None = None):
+    """The map as a PIL RGB image, ``cell_px`` pixels a cell, the player (red) at (row, col). ``view`` (odd):
+    only the ``view`` x ``view`` cells around the player, the player in the middle, cells beyond the map's
+    edge drawn as walls (grey)."""
     from PIL import Image, ImageDraw
 
-    rows, cols = len(desc), len(desc[0])
-    image = Image.new("RGB", (cols * cell_px, rows * cell_px), _GRID_LINE)
+    if view is None:
+        cells = [[(r, c) for c in range(len(desc[0]))] for r in range(len(desc))]
+    else:
+        k = view // 2
+        cells = [[(row + dr, col + dc) for dc in range(-k, k + 1)] for dr in range(-k, k + 1)]
+    image = Image.new("RGB", (len(cells[0]) * cell_px, len(cells) * cell_px), _GRID_LINE)
     draw = ImageDraw.Draw(image)
     inset = max(1, cell_px // 6)
-    for r, line in enumerate(desc):
-        for c, cell in enumerate(line):
-            x, y = c * cell_px, r * cell_px
-            draw.rectangle([x + 1, y + 1, x + cell_px - 2, y + cell_px - 2], fill=COLOURS[cell])
+    for i, line in enumerate(cells):
+        for j, (r, c) in enumerate(line):
+            inside = 0 <= r < len(desc) and 0 <= c < len(desc[0])
+            x, y = j * cell_px, i * cell_px
+            fill = COLOURS[desc[r][c]] if inside else COLOURS["W"]
+            draw.rectangle([x + 1, y + 1, x + cell_px - 2, y + cell_px - 2], fill=fill)
             if (r, c) == (row, col):
                 draw.rectangle(
                     [x + inset, y + inset, x + cell_px - 1 - inset, y + cell_px - 1 - inset],
@@ -231,6 +244,8 @@ class FrozenLakeEnv(GymnasiumEnv):
         observation: ``"text"`` (the grid as characters) or ``"image"`` (a picture: ``render_image``; needs a
             vision-language model).
         cell_px: pixels per cell of the picture (8 to 256).
+        view: with pictures, show only the ``view`` x ``view`` cells around the player (odd, 3 to 15), the
+            player in the middle (``LOCAL_VIEW_INSTRUCTION``); None: the whole map.
     """
 
     def __init__(
@@ -242,13 +257,21 @@ class FrozenLakeEnv(GymnasiumEnv):
         instruction: str | None = INSTRUCTION,
         observation: str = "text",
         cell_px: int = 28,
+        view: int | None = None,
     ):
         if observation not in ("text", "image"):
             raise ValueError(f"env_args.observation must be 'text' or 'image', got {observation!r}")
         if isinstance(cell_px, bool) or not isinstance(cell_px, int) or not 8 <= cell_px <= 256:
             raise ValueError(f"env_args.cell_px must be an integer from 8 to 256, got {cell_px!r}")
-        if instruction == INSTRUCTION:
-            instruction = IMAGE_INSTRUCTION if observation == "image" else INSTRUCTION
+        if view is not None and (
+            isinstance(view, bool) or not isinstance(view, int) or view % 2 == 0 or not 3 <= view <= 15
+        ):
+            raise ValueError(f"env_args.view must be an odd integer from 3 to 15 (or unset), got {view!r}")
+        if view is not None and observation != "image":
+            raise ValueError("env_args.view shows part of the map in a picture: set observation: image too")
+        if instruction == INSTRUCTION and observation == "image":
+            instruction = IMAGE_INSTRUCTION if view is None else LOCAL_VIEW_INSTRUCTION
+        self.view = view
         self.observation = observation
         self.cell_px = cell_px
         super().__init__(
@@ -275,7 +298,7 @@ class FrozenLakeEnv(GymnasiumEnv):
     def describe(self, observation: Any, info: Mapping[str, Any]) -> str | list[dict[str, Any]]:
         row, col = divmod(int(observation), len(self.desc[0]))
         if self.observation == "image":
-            return [image_part(render_image(self.desc, row, col, self.cell_px))]
+            return [image_part(render_image(self.desc, row, col, self.cell_px, self.view))]
         return render_grid(self.desc, row, col)
 
     def parse_action(self, text: str) -> int | None:

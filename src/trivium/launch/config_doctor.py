@@ -97,6 +97,24 @@ def longest_prompt(ts, tokenizer, seed: int) -> tuple[int, int]:
     return len(reader), max(lengths, default=0)
 
 
+def episode_sizes(cfg, tokenizer, probe_tasks: int = 8):
+    """(rows, the largest ``EpisodeSize`` over the first ``probe_tasks`` tasks) of a multi-turn workflow's
+    task set (its environment reset and stepped once per task), or None for other workflows."""
+    from trivium.launch import build
+    from trivium.workflows.multi_turn import MultiTurnWorkflow
+    from trivium.workflows.registry import get_workflow
+
+    ts = cfg.buffer.taskset
+    cls = get_workflow(ts.workflow)
+    if not (isinstance(cls, type) and issubclass(cls, MultiTurnWorkflow)):
+        return None
+    workflow = cls(**dict(ts.workflow_args))
+    reader = build.task_reader(ts, cfg.seed, is_eval=False)
+    tasks = reader.all_tasks()[:probe_tasks]
+    sizes = [workflow.episode_size(t, tokenizer, image_tokens(cfg)) for t in tasks]
+    return len(reader), max(sizes, key=lambda z: z.opening + z.reply)
+
+
 def longest_example(cfg, tokenizer) -> tuple[int, int, int]:
     """(rows, longest prompt + response, longest response) in tokens of the SFT or preference dataset."""
     from trivium.buffer.offline import PreferenceReader, SftReader
@@ -115,7 +133,7 @@ def longest_example(cfg, tokenizer) -> tuple[int, int, int]:
 
 def image_tokens(cfg) -> int | None:
     """Tokens the doctor counts per image of a vision-language policy (its processor's largest image; the
-    tiny VLM's 112 x 112 = 16 before it exists); None for a text model."""
+    tiny VLM's image_size**2 / 28**2 before it exists); None for a text model."""
     from trivium.validation.validate_vision import is_vision_policy
 
     if not is_vision_policy(cfg):
@@ -126,7 +144,7 @@ def image_tokens(cfg) -> int | None:
         from trivium.models.vision import max_image_tokens
 
         return max_image_tokens(AutoImageProcessor.from_pretrained(cfg.model.path))
-    return 16
+    return (cfg.model.tiny.image_size // 28) ** 2  # the tiny VLM's largest image: a token per 28 x 28 pixels
 
 
 @dataclass(frozen=True)
@@ -178,14 +196,35 @@ def _batch_lines(cfg, tokenizer, explores: bool) -> tuple[_Batch, list[str]]:
     """Experiences and tokens per step: sampled from the task set, or read from a dataset."""
     b, t, r = cfg.buffer, cfg.trainer, cfg.explorer.rollout
     if explores and b.taskset is not None:
-        rows, prompt = longest_prompt(b.taskset, tokenizer, cfg.seed)
         k = b.taskset.repeat_times
-        experiences, seq, response = b.batch_size * k, prompt + r.max_tokens, r.max_tokens
+        episodes = episode_sizes(cfg, tokenizer)
+        if episodes is not None:
+            rows, size = episodes
+            seq = size.tokens(r.max_tokens)
+            response = seq - size.opening
+            how = (
+                "one step's reply"
+                if size.measured
+                else "the opening's last message (a step ended the episode)"
+            )
+            tokens_line = (
+                f"  tokens       an episode: opening {size.opening} tokens + {size.max_turns} turns (workflow_args."
+                f"max_turns) of at most {r.max_tokens} sampled + {size.reply} from the environment (measured: "
+                f"{how}) = {seq} per sequence; at most {b.batch_size * k * seq:,} tokens per step"
+            )
+        else:
+            rows, prompt = longest_prompt(b.taskset, tokenizer, cfg.seed)
+            seq, response = prompt + r.max_tokens, r.max_tokens
+            tokens_line = (
+                f"  tokens       longest prompt {prompt} tokens + at most {r.max_tokens} sampled "
+                f"(explorer.rollout.max_tokens) = {seq} per sequence; at most {b.batch_size * k * seq:,} tokens "
+                "per step"
+            )
+        experiences = b.batch_size * k
         lines = [
             f"  experiences  {b.batch_size} tasks per step (buffer.batch_size) x {k} samples each "
             f"(taskset.repeat_times) = {experiences} experiences per step",
-            f"  tokens       longest prompt {prompt} tokens + at most {r.max_tokens} sampled "
-            f"(explorer.rollout.max_tokens) = {seq} per sequence; at most {experiences * seq:,} tokens per step",
+            tokens_line,
         ]
         unit = "tasks"
     else:

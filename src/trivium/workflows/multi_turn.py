@@ -244,6 +244,45 @@ class MultiTurnWorkflow(Workflow):
         except Exception as exc:
             log.warning("closing environment %s failed: %r", self.env_name, exc)
 
+    # ----------------------------------------------------------------------------------------- sizing
+    def episode_size(self, task: Task, tokenizer, image_tokens: int | None = None) -> EpisodeSize:
+        """How long an episode of ``task`` gets, for ``trivium doctor``: the opening (``reset``) and the
+        environment's reply to one turn (an empty action: for most environments an invalid move, answered
+        with the help text and the observation), rendered with the chat template; each image part counted as
+        ``image_tokens``. When that step ends the episode or fails, the opening's last message stands in for
+        the reply. The environment is closed afterwards."""
+        from trivium.models.chat import render_ids
+
+        env = self.make_env()
+        try:
+            opening = as_messages(
+                call_with_timeout(
+                    env.reset, task, timeout_s=self.env_timeout_s, what=f"{self.env_name}.reset"
+                )
+            )
+            tools = env.tool_schemas() or None
+            first = len(render_ids(tokenizer, _placeholders(opening), True, tools))
+            first += _image_parts(opening) * ((image_tokens or 1) - 1)
+            try:
+                result = call_with_timeout(
+                    env.step, "", timeout_s=self.env_timeout_s, what=f"{self.env_name}.step"
+                )
+                reply = None if result.done else as_messages(result.observation)
+            except Exception:
+                reply = None
+            measured = reply is not None
+            reply = reply or opening[-1:]
+            probe = [{"role": "user", "content": "Hello."}, {"role": "assistant", "content": "Hi."}]
+            base = len(render_ids(tokenizer, probe, True, tools))
+            after = len(render_ids(tokenizer, [*probe, *_placeholders(reply)], True, tools))
+            turn = after - base + _image_parts(reply) * ((image_tokens or 1) - 1)
+        finally:
+            try:
+                env.close()
+            except Exception as exc:
+                log.warning("closing environment %s after sizing failed: %r", self.env_name, exc)
+        return EpisodeSize(opening=first, reply=turn, measured=measured, max_turns=self.max_turns)
+
     # -------------------------------------------------------------------------------------- experiences
     def episode_metrics(self, e: Episode) -> dict[str, float]:
         metrics = {"turns": float(len(e.rewards)), "episode_return": float(sum(e.rewards))}
@@ -269,6 +308,39 @@ class MultiTurnWorkflow(Workflow):
                 metrics={**metrics, "response_length": float(sum(t.mask))},
             )
         ]
+
+
+@dataclass(frozen=True)
+class EpisodeSize:
+    """An episode's tokens as ``MultiTurnWorkflow.episode_size`` measures them."""
+
+    opening: int  # the rendered opening messages, with the generation prompt
+    reply: int  # one environment turn: its messages and the next generation prompt
+    measured: (
+        bool  # False: the probe step ended the episode or failed; ``reply`` is the opening's last message
+    )
+    max_turns: int
+
+    def tokens(self, max_tokens: int) -> int:
+        """The longest episode: every turn sampled to ``max_tokens`` (+1: an end-of-turn token the template
+        adds when a turn hits the limit), a reply after each but the last."""
+        return self.opening + self.max_turns * (max_tokens + 1) + (self.max_turns - 1) * self.reply
+
+
+def _placeholders(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` with each image part as a bare ``{"type": "image"}`` (what a template renders once)."""
+    return [
+        {**m, "content": [{"type": "image"} if _is_image_part(p) else p for p in m["content"]]}
+        if isinstance(m["content"], list)
+        else m
+        for m in messages
+    ]
+
+
+def _image_parts(messages: list[dict[str, Any]]) -> int:
+    return sum(
+        1 for m in messages if isinstance(m["content"], list) for p in m["content"] if _is_image_part(p)
+    )
 
 
 def _is_image_part(part: Any) -> bool:
