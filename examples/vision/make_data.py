@@ -21,5 +21,7 @@ if __name__ == "__main__":
     data = Path(__file__).parent / "data"
     for name, path in write_shapes(data, seed=0, n_train=2000, n_sft=2000).items():
         print(f"{name}: {path}")
-    for name, path in write_frozenlake(data / "frozenlake", seed=0, observation="image").items():
+    for name, path in write_frozenlake(
+        data / "frozenlake", seed=0, env_args={"observation": "image"}
+    ).items():
         print(f"frozenlake {name}: {path}")

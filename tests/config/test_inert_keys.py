@@ -68,6 +68,8 @@ ELSEWHERE: dict[str, str] = {
         f"MlflowConfig.{f}": "the MLflow tracker (monitor/trackers.py): tests/monitor/test_trackers.py"
         for f in ("tracking_uri", "experiment")
     },
+    "TinyModelConfig.image_size": "the tiny vision-language model's image processor (model.tiny.architecture "
+    "qwen2_vl; launch/build.py ensure_model): tests/config/test_vision_checks.py",
     "MonitorConfig.wandb": "as WandbConfig",
     "MonitorConfig.mlflow": "as MlflowConfig",
 }

@@ -70,7 +70,7 @@ def test_the_picture_shows_the_map_and_the_player():
 
 
 def test_every_turn_is_a_picture_and_the_first_has_the_colour_rules():
-    env = FrozenLakeEnv(env_args={"observation": "image"})
+    env = FrozenLakeEnv(observation="image")
     [opening] = env.reset(lake_task())
     assert opening["role"] == "user" and opening["content"][0]["text"].startswith(IMAGE_INSTRUCTION)
     assert opening["content"][1]["type"] == "image" and opening["content"][1]["image"].size == (112, 112)
