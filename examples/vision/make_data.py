@@ -8,8 +8,8 @@ sft.jsonl:   2000 demonstrations by a "confused teacher" that names the wrong co
 Each row holds its image as a PNG data URL (trivium/tasks/shapes.py).
 
 frozenlake/: the FrozenLake agent seen as pictures (frozenlake.yaml): 4x4 map task sets and a confused
-teacher's multi-turn demonstrations with every picture as a PNG data URL (trivium/tasks/agent_tasks.py);
-about 30 MB, written here and not shipped.
+teacher's multi-turn demonstrations with every picture (the 3 x 3 cells around the player) as a PNG data
+URL (trivium/tasks/agent_tasks.py); about 25 MB, written here and not shipped.
 """
 
 from pathlib import Path
@@ -22,6 +22,6 @@ if __name__ == "__main__":
     for name, path in write_shapes(data, seed=0, n_train=2000, n_sft=2000).items():
         print(f"{name}: {path}")
     for name, path in write_frozenlake(
-        data / "frozenlake", seed=0, env_args={"observation": "image"}
+        data / "frozenlake", seed=0, env_args={"observation": "image", "view": 3}
     ).items():
         print(f"frozenlake {name}: {path}")

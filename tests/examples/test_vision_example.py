@@ -44,10 +44,9 @@ def short_frozenlake(folder: Path, root: Path, name="frozenlake") -> Path:
     episodes of at most 3 turns, trajectories recorded every step) over small data written into ``folder``."""
     from trivium.tasks.agent_tasks import write_frozenlake
 
-    write_frozenlake(
-        folder / "data" / "frozenlake", n_train=8, n_test=4, n_sft=16, env_args={"observation": "image"}
-    )
     cfg = yaml.safe_load((EXAMPLE / "frozenlake.yaml").read_text())
+    env_args = cfg["stages"][1]["buffer"]["taskset"]["workflow_args"]["env_args"]  # the pictures it plays on
+    write_frozenlake(folder / "data" / "frozenlake", n_train=8, n_test=4, n_sft=16, env_args=env_args)
     cfg.update(checkpoint_root=str(root), name=name)
     cfg["monitor"] = {"progress_bar": False, "trajectories": {"every": 1, "per_step": 4}}
     cfg["model"]["tiny"].update(hidden_size=32, num_layers=1, intermediate_size=64)
@@ -81,7 +80,7 @@ def test_the_frozenlake_agent_learns_from_pictures_end_to_end_shortened(tmp_path
     for r in records:
         tokens = r["prompt_ids"] + r["response_ids"]
         for ref, (start, end) in zip(r["images"], r["image_spans"]):
-            assert store.path(ref).is_file() and end - start == 16  # a 4x4 map: one visual token a cell
+            assert store.path(ref).is_file() and end - start == 9  # the 3 x 3 cells around: a token a cell
             assert len(set(tokens[start:end])) == 1
         later = [s for s, _ in r["image_spans"][1:]]
         assert all(s >= len(r["prompt_ids"]) for s in later)  # the environment's pictures: in the response

@@ -367,10 +367,10 @@ def test_a_vision_agents_samples_show_their_pictures(studio, browser, tmp_path):
     assert page.locator(".sample img.pic").count() == pictures
     assert page.locator(".sample img.pic.env").count() == pictures - page.locator(".sample").count()
     page.wait_for_function(
-        "[...document.querySelectorAll('img.pic')].every((i) => i.complete && i.naturalWidth === 112)"
+        "[...document.querySelectorAll('img.pic')].every((i) => i.complete && i.naturalWidth === 84)"
     )
     first = page.locator(".sample img.pic").first
-    assert "16 visual tokens" in first.get_attribute("title") and first.get_attribute("data-ref") == ref
+    assert "9 visual tokens" in first.get_attribute("title") and first.get_attribute("data-ref") == ref
     # no token of a picture is shown as text: the placeholder runs are replaced whole
     assert "image_pad" not in page.locator("#samples").inner_text()
     page.screenshot(path=str(shots(tmp_path) / "trajectories_pictures.png"))
