@@ -75,6 +75,12 @@ SHORTEN = [
         "300 SFT + 120 GRPO steps take ~4.3 min on 2 cores",
     ),
     (
+        r"^trivium run --config examples/vision/frozenlake\.yaml$",
+        "--set stages.0.buffer.total_steps=2 --set stages.1.buffer.total_steps=1 "
+        "--set stages.1.buffer.batch_size=4 --set buffer.eval_tasksets.0.max_rows=8",
+        "800 SFT + 40 GRPO steps take ~21 min on 2 cores",
+    ),
+    (
         r"^trivium run -c examples/decoupled/grpo\.yaml --set mode=(explore|train)$",
         "--set buffer.total_steps=6 --set explorer.eval_interval=3 --set buffer.eval_tasksets.0.max_rows=32",
         "100 steps take ~4 min on 2 cores",

@@ -258,8 +258,9 @@ def test_a_multi_turn_stage_is_sized_by_its_episodes(tmp_path, pictures):
     and counts an episode as the opening + max_turns x (max_tokens + 1) + (max_turns - 1) x the reply; with
     pictures each image counts as the tiny VLM's largest image (16 tokens at 112 x 112)."""
     from trivium.envs.base import as_messages, make_env
-    from trivium.launch.build import corpus_lines
+    from trivium.launch.build import corpus_lines, ensure_model
     from trivium.models.chat import render_ids
+    from trivium.models.loading import load_tokenizer
     from trivium.models.tiny import build_tokenizer
     from trivium.tasks.agent_tasks import write_frozenlake
     from trivium.types import Task
@@ -290,9 +291,13 @@ def test_a_multi_turn_stage_is_sized_by_its_episodes(tmp_path, pictures):
     path.write_text(yaml.safe_dump(cfg))
     text, _ = explain(load_config(path))
     line = next(x for x in text.splitlines() if x.strip().startswith("tokens"))
-    # the same count by hand, for the first task (every generated 4x4 map's opening has one length)
+    # the same count by hand, for the first task (every generated 4x4 map's opening has one length), with
+    # the tokenizer the run's model gets
     run_cfg = load_config(path)
-    tokenizer = build_tokenizer(list(corpus_lines(run_cfg.config.model.tiny)), 320, 4096)
+    if pictures:
+        tokenizer = load_tokenizer(ensure_model(run_cfg.config, tmp_path / "runs" / "doc" / "lake"))
+    else:
+        tokenizer = build_tokenizer(list(corpus_lines(run_cfg.config.model.tiny)), 320, 4096)
     row = json.loads(paths["train"].read_text().splitlines()[0])
     env = make_env("frozenlake", **env_args)
     opening = as_messages(env.reset(Task("t", row, "multi_turn", "")))
@@ -304,3 +309,41 @@ def test_a_multi_turn_stage_is_sized_by_its_episodes(tmp_path, pictures):
     reply = int(line.split(" sampled + ")[1].split(" ")[0])
     assert f"= {first + 5 * 7 + 4 * reply} per sequence" in line
     assert reply > (16 if pictures else 31)  # an invalid turn's reply: help text and the observation
+
+
+def test_an_image_task_sets_prompt_counts_each_images_visual_tokens(tmp_path):
+    """visual_qa over shape boards: the doctor's longest prompt equals the prompt the engine gets (the
+    template's placeholder widened to the image's 16 visual tokens), before the tiny VLM exists."""
+    from trivium.launch.build import ensure_model
+    from trivium.models.chat import render_ids
+    from trivium.models.loading import load_tokenizer
+    from trivium.models.vision import ImageStore, VisionProcessor
+    from trivium.tasks.shapes import write_shapes
+    from trivium.types import Task
+    from trivium.workflows.vision import VisualQAWorkflow
+
+    paths = write_shapes(tmp_path / "data", n_train=8, n_sft=8, n_test=2)
+    cfg = {
+        "project": "doc",
+        "name": "boards",
+        "checkpoint_root": str(tmp_path / "runs"),
+        "model": {"tiny": {"architecture": "qwen2_vl", "corpus": [str(paths["train"])], "vocab_size": 300}},
+        "buffer": {
+            "batch_size": 2,
+            "total_steps": 1,
+            "taskset": {"path": str(paths["train"]), "workflow": "visual_qa", "reward_fn": "exact_match"},
+        },
+    }
+    path = tmp_path / "boards.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    text, _ = explain(load_config(path))
+    said = int(text.split("longest prompt ")[1].split(" ")[0])
+    folder = ensure_model(load_config(path).config, tmp_path / "runs" / "doc" / "boards")
+    tokenizer, vision = (
+        load_tokenizer(folder),
+        VisionProcessor.from_pretrained(folder, ImageStore(tmp_path / "img")),
+    )
+    row = json.loads(paths["train"].read_text().splitlines()[0])
+    refs = vision.put([row["image"]], "row 0")
+    messages = VisualQAWorkflow().messages(Task("t", row, "visual_qa", "exact_match"))
+    assert said == len(vision.expand(render_ids(tokenizer, messages, True), refs))

@@ -45,6 +45,17 @@ def model_and_tokenizer(cfg):
         from trivium.models.loading import load_tokenizer
 
         config, tokenizer = AutoConfig.from_pretrained(path), load_tokenizer(path)
+    elif cfg.model.tiny is not None and cfg.model.tiny.architecture == "qwen2_vl":
+        import tempfile
+
+        from trivium.launch.build import ensure_model
+        from trivium.models.loading import load_tokenizer
+
+        with tempfile.TemporaryDirectory() as tmp:  # the tiny VLM's tokenizer and template come with it
+            folder = ensure_model(
+                cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": ""})}), Path(tmp)
+            )
+            config, tokenizer = AutoConfig.from_pretrained(folder), load_tokenizer(folder)
     elif cfg.model.tiny is not None:
         from trivium.launch.build import corpus_lines
         from trivium.models.tiny import build_tokenizer, recipe_config
@@ -87,13 +98,16 @@ def lora_params(model, lora) -> int:
     return total
 
 
-def longest_prompt(ts, tokenizer, seed: int) -> tuple[int, int]:
-    """(rows, longest rendered prompt in tokens) of a task set (``workflows.registry.prompt_lengths``)."""
+def longest_prompt(ts, tokenizer, seed: int, image_tokens: int | None = None) -> tuple[int, int]:
+    """(rows, longest rendered prompt in tokens) of a task set (``workflows.registry.prompt_lengths``; an
+    image counted as ``image_tokens``)."""
     from trivium.launch import build
     from trivium.workflows.registry import prompt_lengths
 
     reader = build.task_reader(ts, seed, is_eval=False)
-    lengths = prompt_lengths(reader.all_tasks(), ts.workflow, ts.workflow_args, tokenizer)
+    lengths = prompt_lengths(
+        reader.all_tasks(), ts.workflow, ts.workflow_args, tokenizer, image_tokens=image_tokens
+    )
     return len(reader), max(lengths, default=0)
 
 
@@ -203,9 +217,9 @@ def _batch_lines(cfg, tokenizer, explores: bool) -> tuple[_Batch, list[str]]:
             seq = size.tokens(r.max_tokens)
             response = seq - size.opening
             how = (
-                "one step's reply"
+                "the reply to an empty turn, an upper bound where valid turns get shorter replies"
                 if size.measured
-                else "the opening's last message (a step ended the episode)"
+                else "the opening's last message: an empty turn ended the episode"
             )
             tokens_line = (
                 f"  tokens       an episode: opening {size.opening} tokens + {size.max_turns} turns (workflow_args."
@@ -213,7 +227,7 @@ def _batch_lines(cfg, tokenizer, explores: bool) -> tuple[_Batch, list[str]]:
                 f"{how}) = {seq} per sequence; at most {b.batch_size * k * seq:,} tokens per step"
             )
         else:
-            rows, prompt = longest_prompt(b.taskset, tokenizer, cfg.seed)
+            rows, prompt = longest_prompt(b.taskset, tokenizer, cfg.seed, image_tokens(cfg))
             seq, response = prompt + r.max_tokens, r.max_tokens
             tokens_line = (
                 f"  tokens       longest prompt {prompt} tokens + at most {r.max_tokens} sampled "

@@ -43,12 +43,14 @@ def get_workflow(name: str):
 
 
 def prompt_lengths(
-    tasks, workflow: str, workflow_args, tokenizer, cap: int | None = None
+    tasks, workflow: str, workflow_args, tokenizer, cap: int | None = None, image_tokens: int | None = None
 ) -> list[int | None]:
     """Tokens of each task's first prompt as its workflow renders it when the workflow says how
     (``messages``); otherwise the first field as one user message. What ``trivium doctor`` sizes with and
     check-config holds against the model's context (``on_long_row``). With ``cap``: a prompt with more text
-    than ``cap`` tokens can hold (``chat.char_budget``) is not tokenised and its length is None (over cap)."""
+    than ``cap`` tokens can hold (``chat.char_budget``) is not tokenised and its length is None (over cap).
+    With ``image_tokens``: each image part counts as that many tokens (a vision-language model's largest
+    image) instead of its one placeholder."""
     from trivium.models.chat import char_budget, message_chars, render_ids
 
     try:
@@ -64,5 +66,12 @@ def prompt_lengths(
         if cap is not None and message_chars(messages) > char_budget(tokenizer, cap):
             lengths.append(None)
         else:
-            lengths.append(len(render_ids(tokenizer, messages, True)))
+            images = sum(
+                1
+                for m in messages
+                if isinstance(m.get("content"), list)
+                for p in m["content"]
+                if isinstance(p, dict) and p.get("type") == "image"
+            )
+            lengths.append(len(render_ids(tokenizer, messages, True)) + images * ((image_tokens or 1) - 1))
     return lengths
