@@ -221,6 +221,8 @@ class TrainBatch:
     response_lengths: torch.Tensor  # [N] int64: number of action tokens n_i
     run_ids: torch.Tensor | None = None  # [N] int64: Experience.run_index (episode within its group)
     turns: torch.Tensor | None = None  # [N] int64: Experience.turn (model turn within its episode)
+    states: torch.Tensor | None = None  # [N] int64: the environment state a turn started from (step-wise
+    #                                    info["state"], equal ids for equal states), -1 where unknown
     is_expert: torch.Tensor | None = None  # [N] bool: expert demonstrations (CHORD); None when there are none
     packed: bool = False
     media: RowMedia | None = None  # the rows' images (vision-language experiences); None without images
@@ -266,6 +268,7 @@ class TrainBatch:
             response_lengths=self.response_lengths[old],
             run_ids=None if self.run_ids is None else self.run_ids[old],
             turns=None if self.turns is None else self.turns[old],
+            states=None if self.states is None else self.states[old],
             is_expert=None if self.is_expert is None else self.is_expert[old],
             packed=self.packed,
             media=None if self.media is None else self.media.rows(rows),
@@ -384,11 +387,23 @@ def collate(
         response_lengths=torch.tensor([e.num_action_tokens for e in experiences], dtype=torch.long),
         run_ids=torch.tensor([e.run_index for e in experiences], dtype=torch.long),
         turns=torch.tensor([e.turn for e in experiences], dtype=torch.long),
+        states=_state_ids(experiences),
         is_expert=torch.tensor([e.is_expert for e in experiences])
         if any(e.is_expert for e in experiences)
         else None,
         packed=pack_length is not None,
         media=None if with_images is None else images([experiences[row[0]].images for row in rows]),
+    )
+
+
+def _state_ids(experiences: Sequence[Experience]) -> torch.Tensor | None:
+    """Dense ids of the experiences' ``info["state"]`` keys (-1 where absent); None when none has one."""
+    keys = [e.info.get("state") for e in experiences]
+    if all(k is None for k in keys):
+        return None
+    ids: dict[str, int] = {}
+    return torch.tensor(
+        [-1 if k is None else ids.setdefault(str(k), len(ids)) for k in keys], dtype=torch.long
     )
 
 

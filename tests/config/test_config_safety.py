@@ -273,3 +273,15 @@ def test_check_config_notes_that_single_choice_serve_traffic_has_no_group_baseli
     assert "# note: " not in capsys.readouterr().out
     assert cli(["check-config", str(folder / "c.yaml")]) == 0  # mode both: the explorer's groups, no note
     assert "# note: " not in capsys.readouterr().out
+
+
+def test_gigpo_on_a_workflow_without_per_turn_states_is_refused_before_the_run(folder):
+    """gigpo groups turns by the state they started from; one experience per episode has no such turns."""
+    env = "buffer.taskset.workflow_args={env: frozenlake}"
+    (p,) = problems(
+        folder / "c.yaml", ["algorithm.algorithm_type=gigpo", "buffer.taskset.workflow=multi_turn", env]
+    )
+    assert p.path == "buffer.taskset.workflow" and "records no states" in p.rule and "step_wise" in p.fix
+    fine = ["algorithm.algorithm_type=gigpo", "buffer.taskset.workflow=step_wise"]
+    fine.append(env)
+    load_config(folder / "c.yaml", fine)  # no problem at all

@@ -54,11 +54,16 @@ def data(tmp_path_factory):
             "eval/test/success",
             {"taskset": {"workflow": "step_wise"}, "algorithm": {"algorithm_type": "step_wise_grpo"}},
         ),
+        (
+            "frozenlake",
+            "eval/test/success",
+            {"taskset": {"workflow": "step_wise"}, "algorithm": {"algorithm_type": "gigpo"}},
+        ),
     ],
-    ids=["frozenlake-multi_turn", "calculator-react", "frozenlake-step_wise"],
+    ids=["frozenlake-multi_turn", "calculator-react", "frozenlake-step_wise", "frozenlake-gigpo"],
 )
 def test_agent_config_plumbing_sft_then_grpo_episodes_run_without_failures(data, task, metric, changes):
-    name = task + ("-" + changes["taskset"]["workflow"] if changes else "")
+    name = task + ("-" + changes["algorithm"]["algorithm_type"] if changes else "")
     folder = data / name
     folder.mkdir()
     (folder / "data").symlink_to(data / "data")
@@ -77,3 +82,5 @@ def test_agent_config_plumbing_sft_then_grpo_episodes_run_without_failures(data,
         assert last["advantage/episodes"] == 2 * 2  # 2 tasks x 2 episodes, each counted once
         assert last["rollout/experiences"] == last["advantage/episodes"] * last["advantage/turns_per_episode"]
         assert last["rollout/experiences"] >= 2 * 2
+    if changes.get("algorithm", {}).get("algorithm_type") == "gigpo":  # both episodes of a task start at S
+        assert all(r["gigpo/anchor_groups"] >= 2 for r in grpo)

@@ -217,3 +217,19 @@ def test_rollout_importance_correction_weights_stale_samples(policy, tokenizer):
     m = Trainer(copy.deepcopy(policy), TrainerConfig(), spec, pad_token_id=0, total_steps=2).train_step(stale)
     assert m["rollout_is/capped_fraction"] == pytest.approx(1.0)
     assert m["rollout_is/weight_mean"] == pytest.approx(2.0)
+
+
+def test_m2po_masks_over_the_mini_batch_whatever_the_micro_batch_split(policy, tokenizer):
+    """M2PO's second-moment mask compares every token of the mini-batch: split into micro-batches of one
+    sequence, the update is the one of a single micro-batch (the trainer hands each its part of the mask)."""
+    exps = sampled_experiences(policy, tokenizer)
+    gen = torch.Generator().manual_seed(0)  # a sampler 0 to 0.6 nats off per token: some tokens very stale
+    stale = [e.replace(logprobs=e.logprobs - 0.6 * torch.rand(e.logprobs.shape, generator=gen)) for e in exps]
+    a, b = copy.deepcopy(policy), copy.deepcopy(policy)
+    ma = make_trainer(a, micro=16, algorithm="m2po", sgd=True, grad_clip=0.0).train_step(stale)
+    mb = make_trainer(b, micro=1, algorithm="m2po", sgd=True, grad_clip=0.0).train_step(stale)
+    assert 0 < ma["m2po/masked_fraction"] < 1
+    assert ma["m2po/masked_fraction"] == pytest.approx(mb["m2po/masked_fraction"], abs=1e-6)
+    assert ma["m2po/m2_after"] <= 0.04 + 1e-6
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
+        assert torch.allclose(pa, pb, atol=1e-6), name

@@ -83,10 +83,18 @@ def test_step_wise_gives_one_experience_per_turn_with_returns(engine):
             assert e.tokens[: e.prompt_length].tolist() == prompts[run]
             assert e.tokens[e.prompt_length :].tolist() == list(out[run][0].response_ids)
             assert e.action_mask.all()
+    # Each turn records the state it started from: the countdown shows both episodes the same observations.
+    states = [[e.info["state"] for e in steps] for steps in by_run.values()]
+    assert states[0] == states[1] and len(set(states[0])) == 3
     batch = collate([e.replace(group_id=0) for e in exps], pad_token_id=0)
+    assert batch.states.tolist() == [[0, 1, 2][e.turn] for e in exps]
     adv, metrics = ADVANTAGE_FNS.get("step_wise_grpo")(AdvantageInputs.from_batch(batch))
     # Both episodes earned the same return: no signal between them, whatever the per-turn returns.
     assert metrics["advantage/episodes"] == 2 and (adv == 0).all()
+    adv, metrics = ADVANTAGE_FNS.get("gigpo")(AdvantageInputs.from_batch(batch))
+    assert metrics["gigpo/anchor_groups"] == 3 and (adv == 0).all()  # equal returns from each state too
+    # The concatenated workflow keeps no per-turn states: its batches have none.
+    assert collate(ConcatenatedMultiTurnWorkflow(env=ENV).run(task(), h), pad_token_id=0).states is None
 
 
 def test_step_wise_grpo_compares_episodes_not_turns():

@@ -55,6 +55,9 @@ class AdvantageInputs:
     teacher_logprobs: Tensor | None = None  # [R, L]: ℓT, teacher's log-prob of the sampled token
     run_ids: Tensor | None = None  # [N] int64: episode of each sequence within its group (step-wise)
     turns: Tensor | None = None  # [N] int64: model turn of each sequence within its episode (step-wise)
+    states: Tensor | None = (
+        None  # [N] int64: environment state each turn started from, -1 unknown (step-wise)
+    )
 
     def __post_init__(self) -> None:
         n = self.rewards.shape
@@ -77,6 +80,7 @@ class AdvantageInputs:
             batch.seq_index,
             run_ids=batch.run_ids,
             turns=batch.turns,
+            states=batch.states,
         )
 
 

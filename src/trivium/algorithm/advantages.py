@@ -75,4 +75,12 @@ def _group_baseline_advantages(
 
 # The estimators whose baseline is the group's (a group of one has none): what check-config names for
 # traffic that comes in groups of one (serve mode). A new group-relative estimator adds its name here.
-GROUP_BASELINE_FNS = ("grpo", "rec", "rloo", "asymre", "reinforceplusplus_baseline", "step_wise_grpo")
+GROUP_BASELINE_FNS = (
+    "grpo",
+    "rec",
+    "rloo",
+    "asymre",
+    "reinforceplusplus_baseline",
+    "step_wise_grpo",
+    "gigpo",
+)

@@ -8,6 +8,8 @@ advantage per sequence, broadcast to its action tokens. They differ only in the 
     reinforceplusplus_baseline  R_i − μ_g, then whitened over all valid tokens of the batch
     step_wise_grpo              G_{e,t} − μ_g over the group's *episodes*, / (σ_g + ε)  (multi-turn, one
                                 sequence per model turn)
+    gigpo                       the episode's advantage plus a step-level one over the turns that started
+                                from the same environment state (step-wise)
 
 Design decisions:
 - The group statistics are grpo's (``advantages._group_normalise`` and friends): one vectorised
@@ -21,6 +23,8 @@ Left out: RLOO's sequence-level importance ratio (a policy-loss choice, not an a
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -40,7 +44,7 @@ from trivium.algorithm.advantage_parts import (
 )
 from trivium.algorithm.registry import ADVANTAGE_FNS
 
-__all__ = ["asymre", "reinforceplusplus_baseline", "rloo", "step_wise_grpo"]
+__all__ = ["asymre", "gigpo", "reinforceplusplus_baseline", "rloo", "step_wise_grpo"]
 
 
 @ADVANTAGE_FNS.register("rloo")
@@ -126,13 +130,101 @@ def step_wise_grpo(
     is GRPO's advantage of the episode, given to every one of its turns. Conventions as GRPO: a group of
     one episode uses μ = 0, σ = 1; a group whose episode returns are all equal gets 0 on every turn.
     """
-    if inputs.run_ids is None or inputs.turns is None:
+    rewards = as_float(inputs.rewards)
+    ep = _episodes(inputs, rewards, "step_wise_grpo")
+    centred = rewards - ep.mean[ep.seq_group]
+    seq_adv = centred / (ep.std[ep.seq_group] + epsilon) if std_normalize else centred
+    seq_adv = torch.where(ep.all_equal[ep.seq_group], 0.0, seq_adv)
+    metrics = sequence_metrics(seq_adv, ep.seq_group, ep.counts)
+    metrics["advantage/episodes"] = float(ep.num_episodes)
+    metrics["advantage/turns_per_episode"] = rewards.numel() / max(ep.num_episodes, 1)
+    return broadcast_to_tokens(seq_adv, inputs.mask, inputs.seq_index), metrics
+
+
+@ADVANTAGE_FNS.register("gigpo")
+def gigpo(
+    inputs: AdvantageInputs, *, step_weight: float = 1.0, std_normalize: bool = True, epsilon: float = 1e-6
+) -> tuple[Tensor, dict[str, float]]:
+    """GiGPO (Feng et al. 2025, arXiv:2505.10978; docs/algorithms.md §24): group-in-group credit for agents.
+
+    Step-wise experiences (one sequence per model turn, ``workflow: step_wise``). Two relative advantages:
+
+        episode level  A^E_e   = (G_e − μ_g) / (σ_g + ε)  over the group's episode returns (as step_wise_grpo,
+                                 every turn of an episode gets its episode's);
+        step level     A^S_e,t = (G_e,t − μ_s) / (σ_s + ε) over the turns of the group that started from the
+                                 same environment state s (``states``: the workflow's ``info["state"]``),
+                                 G_e,t the return from the turn on (discounted by the workflow's ``discount``);
+
+    and A = A^E + ω·A^S with ω = ``step_weight``. A state reached once in the group, or whose turns all have
+    one return, gives A^S = 0, so with no repeated states this is step_wise_grpo with the episode's return.
+    Turns from one state are the paper's anchor-state groups: the same situation, different moves, so the
+    return difference is the move's. Without std normalisation both levels are centred only.
+    """
+    if inputs.states is None or not bool((inputs.states >= 0).any()):
         raise ValueError(
-            "step_wise_grpo needs inputs.run_ids and inputs.turns (Experience.run_index and .turn, filled "
-            "by collate); build AdvantageInputs with AdvantageInputs.from_batch(batch)"
+            "gigpo needs the environment state each turn started from (Experience.info['state']), which the "
+            "step_wise workflow records: use `workflow: step_wise` for the taskset, or algorithm_type "
+            "grpo / step_wise_grpo for one experience per episode"
+        )
+    if not step_weight >= 0:
+        raise ValueError(
+            f"gigpo needs step_weight >= 0 (ω, the weight of the step-level advantage), got {step_weight}"
         )
     rewards = as_float(inputs.rewards)
-    group, _ = dense_groups(inputs.group_ids, "step_wise_grpo")
+    ep = _episodes(inputs, rewards, "gigpo")
+    g = ep.episode_return[ep.episode]  # each turn's episode return
+    denominator = (ep.std[ep.seq_group] + epsilon) if std_normalize else 1.0
+    episode_adv = torch.where(ep.all_equal[ep.seq_group], 0.0, (g - ep.mean[ep.seq_group]) / denominator)
+    # Anchor-state groups: turns of one task group that started from one state.
+    states = inputs.states.to(ep.seq_group.device)
+    known = states >= 0
+    pairs = torch.stack(
+        [ep.seq_group, torch.where(known, states, -1 - torch.arange(states.numel(), device=states.device))],
+        dim=1,
+    )
+    _, step_group, step_counts = torch.unique(pairs, dim=0, return_inverse=True, return_counts=True)
+    step_mean, step_std = group_mean_std(rewards, step_group, step_counts)
+    flat = all_equal_groups(rewards, step_group, step_counts.numel())  # includes groups of one
+    step_denominator = (step_std[step_group] + epsilon) if std_normalize else 1.0
+    step_adv = torch.where(flat[step_group], 0.0, (rewards - step_mean[step_group]) / step_denominator)
+    seq_adv = episode_adv + step_weight * step_adv
+    metrics = sequence_metrics(seq_adv, ep.seq_group, ep.counts)
+    shared = (step_counts[step_group] > 1) & known
+    metrics.update(
+        {
+            "advantage/episodes": float(ep.num_episodes),
+            "advantage/turns_per_episode": rewards.numel() / max(ep.num_episodes, 1),
+            "gigpo/anchor_groups": float(int((step_counts > 1).sum())),
+            "gigpo/turns_in_anchor_groups": float(shared.float().mean()),
+            "gigpo/step_advantage_nonzero": float((step_adv != 0).float().mean()),
+            "gigpo/step_advantage_abs_mean": float(step_adv.abs().mean()),
+        }
+    )
+    return broadcast_to_tokens(seq_adv, inputs.mask, inputs.seq_index), metrics
+
+
+@dataclass(frozen=True)
+class _Episodes:
+    """The episodes of a step-wise batch: which episode each sequence is, and the group statistics of the
+    episode returns (each episode counted once, however many turns it took)."""
+
+    episode: Tensor  # [N] dense episode id of each sequence
+    num_episodes: int
+    episode_return: Tensor  # [E] G_e: the return of the episode's first turn present
+    seq_group: Tensor  # [N] dense group id over groups that have episodes
+    counts: Tensor  # [G] episodes per group
+    mean: Tensor  # [G] μ_g of the episode returns (0 for a group of one)
+    std: Tensor  # [G] unbiased σ_g (1 for a group of one)
+    all_equal: Tensor  # [G] bool: a group of 2+ episodes whose returns are all equal
+
+
+def _episodes(inputs: AdvantageInputs, rewards: Tensor, name: str) -> _Episodes:
+    if inputs.run_ids is None or inputs.turns is None:
+        raise ValueError(
+            f"{name} needs inputs.run_ids and inputs.turns (Experience.run_index and .turn, filled "
+            "by collate); build AdvantageInputs with AdvantageInputs.from_batch(batch)"
+        )
+    group, _ = dense_groups(inputs.group_ids, name)
     # Dense episode id of every sequence: one per distinct (group, run).
     pairs = torch.stack([group, inputs.run_ids.to(group.device)], dim=1)
     _, episode = torch.unique(pairs, dim=0, return_inverse=True)
@@ -145,15 +237,9 @@ def step_wise_grpo(
     candidate = torch.where(is_first, index, torch.full_like(index, float(rewards.numel())))
     first_seq = group_reduce(candidate, episode, num_episodes, "amin").long()
     episode_return = rewards[first_seq]
-    episode_group = group[first_seq]
-    _, episode_group, episode_counts = torch.unique(episode_group, return_inverse=True, return_counts=True)
-    seq_group = episode_group[episode]  # dense over groups that have episodes (all of them)
-    mean, std = group_mean_std(episode_return, episode_group, episode_counts)
-    centred = rewards - mean[seq_group]
-    seq_adv = centred / (std[seq_group] + epsilon) if std_normalize else centred
-    all_equal = all_equal_groups(episode_return, episode_group, episode_counts.numel()) & (episode_counts > 1)
-    seq_adv = torch.where(all_equal[seq_group], 0.0, seq_adv)
-    metrics = sequence_metrics(seq_adv, seq_group, episode_counts)
-    metrics["advantage/episodes"] = float(num_episodes)
-    metrics["advantage/turns_per_episode"] = rewards.numel() / max(num_episodes, 1)
-    return broadcast_to_tokens(seq_adv, inputs.mask, inputs.seq_index), metrics
+    _, episode_group, counts = torch.unique(group[first_seq], return_inverse=True, return_counts=True)
+    mean, std = group_mean_std(episode_return, episode_group, counts)
+    all_equal = all_equal_groups(episode_return, episode_group, counts.numel()) & (counts > 1)
+    return _Episodes(
+        episode, num_episodes, episode_return, episode_group[episode], counts, mean, std, all_equal
+    )

@@ -27,7 +27,19 @@ from torch import Tensor
 from trivium.algorithm.aggregation import masked_mean
 from trivium.algorithm.registry import POLICY_LOSS_FNS
 
-__all__ = ["PolicyLossInputs", "cispo", "is_pg", "ppo_clip", "sapo", "sft", "sppo", "token_log_ratio"]
+__all__ = [
+    "PolicyLossInputs",
+    "cispo",
+    "is_pg",
+    "m2po",
+    "mini_batch_rule",
+    "ppo_clip",
+    "sapo",
+    "second_moment_mask",
+    "sft",
+    "sppo",
+    "token_log_ratio",
+]
 
 
 @dataclass(frozen=True)
@@ -46,6 +58,9 @@ class PolicyLossInputs:
         None  # [R, L] bool: tokens of expert demonstrations mixed into the batch (CHORD)
     )
     step: int = 0  # global training step (schedules, e.g. CHORD's μ)
+    keep: Tensor | None = (
+        None  # [R, L] bool: the tokens a loss's mini-batch rule kept (see ``mini_batch_rule``)
+    )
 
     def __post_init__(self) -> None:
         shapes = {
@@ -116,6 +131,87 @@ def is_pg(inputs: PolicyLossInputs) -> tuple[Tensor, dict[str, float]]:
             "policy/approx_kl": float(masked_mean(-log_ratio, inputs.mask)),
         }
     return torch.where(inputs.mask, loss, 0.0), metrics
+
+
+@POLICY_LOSS_FNS.register("m2po")
+def m2po(inputs: PolicyLossInputs, *, m2_threshold: float = 0.04) -> tuple[Tensor, dict[str, float]]:
+    """M2PO (Zheng et al. 2025, arXiv:2510.01161; docs/algorithms.md §23): stale samples kept, outliers masked.
+
+    With samples drawn by older weights (``synchronizer.sync_offset``) PPO's ratio against the trainer's
+    own old log-probs says nothing about how stale a token is. M2PO measures it against the behaviour policy,
+    log r = ℓold − ℓrollout, and masks the tokens with the largest (log r)² until the mean of (log r)² over
+    the tokens left is at most ``m2_threshold`` (τ_M2): a bound on the second moment, so a batch of mildly
+    stale tokens trains whole and only extreme outliers drop. The update is the unclipped IS policy
+    gradient on what is left, λ = −M·ρ·A with ρ = exp(ℓ − ℓold). On-policy, log r is the engine/trainer
+    mismatch only and nothing is masked.
+
+    The mask is a mini-batch rule (``mini_batch_rule``): the trainer computes it over the whole optimiser
+    mini-batch before its first update, from the old log-probs of an extra forward pass, and passes each
+    micro-batch its part (``inputs.keep``), so the update does not depend on the micro-batch split. Called
+    without ``keep``, the loss computes it over the tokens it is given. Aggregation: token-mean.
+    """
+    if not m2_threshold > 0:
+        raise ValueError(
+            f"m2po needs m2_threshold > 0 (the bound on the mean squared log-ratio), got {m2_threshold}"
+        )
+    if inputs.rollout_logprobs is None:
+        raise ValueError(
+            "m2po needs the rollout engine's log-probs (PolicyLossInputs.rollout_logprobs): it measures how "
+            "stale each token is against the policy that sampled it"
+        )
+    mask, adv = inputs.mask, inputs.advantages
+    with torch.no_grad():
+        stale = (inputs.old_logprobs - inputs.rollout_logprobs).clamp(-20.0, 20.0)
+        keep = inputs.keep if inputs.keep is not None else second_moment_mask(stale, mask, m2_threshold)
+    log_ratio = token_log_ratio(inputs)
+    ratio = log_ratio.exp()
+    loss = -adv * ratio
+    with torch.no_grad():
+        kept = mask & keep
+        metrics = {
+            "m2po/masked_fraction": float(masked_mean((mask & ~keep).float(), mask)),
+            "m2po/m2_before": float(masked_mean(stale.square(), mask)),
+            "m2po/m2_after": float(masked_mean(stale.square(), kept)) if bool(kept.any()) else 0.0,
+            "policy/ratio_mean": float(masked_mean(ratio, mask)),
+            "policy/approx_kl": float(masked_mean(-log_ratio, mask)),
+        }
+    return torch.where(kept, loss, 0.0), metrics
+
+
+def _m2po_rule(
+    old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, *, m2_threshold: float = 0.04
+) -> Tensor:
+    return second_moment_mask((old_logprobs - rollout_logprobs).clamp(-20.0, 20.0), mask, m2_threshold)
+
+
+m2po.mini_batch_rule = _m2po_rule  # type: ignore[attr-defined]
+
+
+def mini_batch_rule(loss_fn):
+    """The loss's rule over a whole mini-batch, if it has one: ``rule(old_logprobs, rollout_logprobs, mask,
+    **policy_loss_args) -> keep [R, L] bool``. A token selection that compares tokens with each other (M2PO's
+    second moment) must see the mini-batch, not a micro-batch: the trainer computes it once per mini-batch
+    (old log-probs first) and hands each micro-batch its ``PolicyLossInputs.keep``. A loss declares one by
+    setting the attribute ``mini_batch_rule`` on its function."""
+    return getattr(loss_fn, "mini_batch_rule", None)
+
+
+def second_moment_mask(log_ratio: Tensor, mask: Tensor, threshold: float) -> Tensor:
+    """M2PO's mask: ``mask`` less the fewest tokens of largest (log r)² that bring the mean of (log r)² over
+    the tokens left to at most ``threshold``; ``[R, L]`` bool. Masking the largest first one at a time (the
+    paper's loop) keeps the k smallest for the largest k whose mean is at most τ: one sort and a cumsum."""
+    squares = log_ratio.square()[mask]
+    keep = torch.zeros_like(mask)
+    if squares.numel() == 0:
+        return keep
+    ordered, order = torch.sort(squares)
+    count = torch.arange(1, ordered.numel() + 1, device=ordered.device, dtype=ordered.dtype)
+    under = (ordered.cumsum(0) / count) <= threshold  # prefix means of the smallest: non-decreasing in k
+    kept = int(under.sum())
+    flat = torch.zeros_like(squares, dtype=torch.bool)
+    flat[order[:kept]] = True
+    keep[mask] = flat
+    return keep
 
 
 @POLICY_LOSS_FNS.register("cispo")

@@ -88,6 +88,16 @@ _BUILTIN = [
         policy_loss_args=_CLIP,
     ),
     _rl(
+        "gigpo",
+        "gigpo",
+        "ppo_clip",
+        "GiGPO (arXiv:2505.10978) for multi-turn agents (workflow step_wise): each turn's advantage is its "
+        "episode's GRPO advantage plus a step-level one among the group's turns taken from the same "
+        "environment state (ω = 1); PPO clip 0.2, token-mean.",
+        advantage_args={"step_weight": 1.0, "std_normalize": True, "epsilon": 1e-6},
+        policy_loss_args=_CLIP,
+    ),
+    _rl(
         "dr_grpo",
         "grpo",
         "ppo_clip",
@@ -160,6 +170,16 @@ _BUILTIN = [
         "SAPO: a soft, differentiable gate instead of the hard clip.",
         advantage_args={"std_normalize": True},
         aggregation="seq-mean-token-mean",
+    ),
+    _rl(
+        "m2po",
+        "grpo",
+        "m2po",
+        "M2PO (arXiv:2510.01161): for stale samples (an explorer ahead by synchronizer.sync_offset), GRPO's "
+        "advantage and an unclipped IS policy gradient on the tokens left after masking the largest "
+        "(log π_old/π_rollout)² until their mean is at most τ_M2 = 0.04; token-mean.",
+        advantage_args={"std_normalize": True},
+        policy_loss_args={"m2_threshold": 0.04},
     ),
     _rl(
         "topr",

@@ -30,6 +30,8 @@ from trivium.algorithm import (
 )
 from trivium.algorithm.advantages_critic import gae_with_returns
 from trivium.algorithm.aggregation import sequence_sums
+from trivium.algorithm.policy_losses import mini_batch_rule
+from trivium.algorithm.registry import POLICY_LOSS_FNS
 from trivium.algorithm.rewards_shaping import (
     AdaptiveKLController,
     FixedKLController,
@@ -115,6 +117,7 @@ class Trainer:
         self.model = self.parallel.wrap(model)
         self.cfg = cfg
         self.algorithm = algorithm
+        self._loss_rule = mini_batch_rule(POLICY_LOSS_FNS.get(algorithm.policy_loss_fn))
         self.pad_token_id = pad_token_id
         self.vision = vision
         self.temperature = temperature if temperature > 0 else 1.0  # greedy rollouts report T=1 log-probs
@@ -194,6 +197,7 @@ class Trainer:
             "old_logprobs" in self.algorithm.advantage_requires
             or self.kl_penalty is not None
             or self.algorithm.rollout_is_cap > 0
+            or self._loss_rule is not None  # it reads the whole mini-batch's old log-probs first
         )
         if self.algorithm.needs_old_logprobs and (early_old or not single_update):
             with timer("old_logprobs"):
@@ -367,6 +371,7 @@ class Trainer:
             teacher_logprobs=teacher_lp,
             run_ids=batch.run_ids,
             turns=batch.turns,
+            states=batch.states,
         )
         if self.critic is not None:
             adv, returns, m = gae_with_returns(inputs, **self.algorithm.advantage_args)
@@ -403,6 +408,12 @@ class Trainer:
         # Dropout stays off for RL (old and new log-probs must come from the same function); SFT trains
         # in train mode.
         self.model.train(not self.algorithm.needs_old_logprobs)
+        keep = None  # the loss's mini-batch rule (M2PO's mask) sees every row of the mini-batch at once
+        if self._loss_rule is not None and old_lp is not None:
+            keep = torch.zeros_like(batch.loss_mask)
+            keep[rows] = self._loss_rule(
+                old_lp[rows], batch.rollout_logprobs[rows], mask, **self.algorithm.policy_loss_args
+            )
         sums: dict[str, float] = {}
         total_loss = 0.0
         # rows of similar length share a micro-batch, which forward_logprobs trims to their own width
@@ -427,6 +438,7 @@ class Trainer:
                         ref_logprobs=None if ref_lp is None else ref_lp[idx],
                         is_expert=None if expert is None else expert[idx],
                         step=self.step,
+                        keep=None if keep is None else keep[idx],
                     ),
                     policy_loss=self.algorithm.policy_loss_fn,
                     policy_loss_args=self.algorithm.policy_loss_args,

@@ -115,6 +115,7 @@ def _algorithm_data_problems(cfg: TriviumConfig, at) -> list[Problem]:
             strategy = SAMPLE_STRATEGIES.get(name)
             for path, rule, fix in problems_of(strategy, cfg, cfg.algorithm.sample_strategy_args):
                 out.append(Problem(at(path), None, rule, fix))
+    out += _state_problems(cfg, at)
     if cfg.mode == "bench" and not buf.eval_tasksets:
         out.append(
             Problem(
@@ -125,6 +126,28 @@ def _algorithm_data_problems(cfg: TriviumConfig, at) -> list[Problem]:
             )
         )
     return out
+
+
+def _state_problems(cfg: TriviumConfig, at) -> list[Problem]:
+    """An advantage that groups turns by environment state needs a workflow that records the states."""
+    from trivium.workflows.registry import WORKFLOWS
+
+    preset = preset_or_none(cfg)
+    advantage = cfg.algorithm.advantage_fn or (preset.advantage_fn if preset is not None else None)
+    ts = cfg.buffer.taskset
+    if advantage != "gigpo" or ts is None or WORKFLOWS.problem(ts.workflow):
+        return []
+    if WORKFLOWS.get(ts.workflow).records_states:
+        return []
+    return [
+        Problem(
+            at("buffer.taskset.workflow"),
+            ts.workflow,
+            "the gigpo advantage groups model turns by the environment state they started from, and workflow "
+            f"'{ts.workflow}' records no states (one experience per episode or per call)",
+            "use workflow: step_wise (one experience per turn, each with its state), or algorithm_type: grpo",
+        )
+    ]
 
 
 def _file_problems(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:

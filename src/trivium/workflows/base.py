@@ -27,6 +27,9 @@ class Workflow(ABC):
     #: Put every column of a task row in ``Task.data`` (not only ``fields``): for workflows whose
     #: environment or agent decides what it reads.
     reads_all_columns: ClassVar[bool] = False
+    #: Each experience says which environment state its turn started from (``info["state"]``, equal for
+    #: equal states): what the ``gigpo`` advantage groups turns by.
+    records_states: ClassVar[bool] = False
 
     def __init__(self, **args: Any):
         if args:

@@ -8,7 +8,9 @@ Two ways to turn an episode into experiences (both token-in, token-out through `
 - ``step_wise`` (general): one experience per model turn. Its prompt is the conversation so far, its
   response that turn's tokens. Reward: the return from that turn on, Σ_{t'≥t} γ^{t'−t} r_{t'} (the episode
   reward on every turn when the environment rewards only the end). ``Experience.run_index`` is the
-  episode, ``Experience.turn`` the turn; the ``step_wise_grpo`` advantage compares episodes of a task.
+  episode, ``Experience.turn`` the turn, ``info["state"]`` a digest of the observation the turn answered
+  (``state_key``); the ``step_wise_grpo`` advantage compares episodes of a task, ``gigpo`` also the turns
+  taken from one state.
   Use it when episodes outgrow the context, or when the context is rewritten between turns.
 
 The ``repeat_times`` episodes of a task step together: each round samples one turn for every live
@@ -28,6 +30,8 @@ the model, in training, contexts it never sees at inference, so these workflows 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import threading
 from collections.abc import Mapping
@@ -75,6 +79,8 @@ class Episode:
     rewards: list[float] = field(default_factory=list)  # one per model turn
     turn_spans: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of each model turn
     turn_images: list[int] = field(default_factory=list)  # images in the transcript at each model turn
+    state: str = ""  # digest of the latest observation (``state_key``): the state the next turn starts from
+    turn_states: list[str] = field(default_factory=list)  # ``state`` at each model turn
     last: StepResult | None = None
     done: bool = False
     reason: str = ""  # why it ended: done, max_turns, context, error
@@ -135,6 +141,7 @@ class MultiTurnWorkflow(Workflow):
             for e, (gen,) in zip(live, generations):
                 start = len(e.transcript.tokens)
                 e.turn_images.append(len(e.transcript.images))
+                e.turn_states.append(e.state)
                 e.transcript.add_generation(gen)
                 e.turn_spans.append((start, len(e.transcript.tokens)))
                 self._step(task, e, gen.text, model)
@@ -159,6 +166,7 @@ class MultiTurnWorkflow(Workflow):
             messages = self._with_stored_images(
                 model, as_messages(opening), f"task {task.task_id} run {run_index}, {self.env_name}.reset"
             )
+            episode.state = state_key(messages)
             episode.transcript = Transcript(
                 model.tokenizer,
                 messages,
@@ -224,9 +232,9 @@ class MultiTurnWorkflow(Workflow):
         else:
             try:
                 where = f"task {task.task_id} run {e.run_index}, {self.env_name}.step {len(e.rewards) - 1}"
-                e.transcript.add_messages(
-                    self._with_stored_images(model, as_messages(result.observation), where)
-                )
+                messages = self._with_stored_images(model, as_messages(result.observation), where)
+                e.transcript.add_messages(messages)
+                e.state = state_key(messages)
             except TemplateError:
                 raise
             except Exception as exc:
@@ -327,6 +335,13 @@ class EpisodeSize:
         return self.opening + self.max_turns * (max_tokens + 1) + (self.max_turns - 1) * self.reply
 
 
+def state_key(messages: list[dict[str, Any]]) -> str:
+    """The environment state an observation shows, as a short digest of its messages (images by their
+    stored reference): turns that start from equal observations share a key (GiGPO's anchor states)."""
+    text = json.dumps(messages, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
 def _placeholders(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``messages`` with each image part as a bare ``{"type": "image"}`` (what a template renders once)."""
     return [
@@ -369,6 +384,8 @@ class StepWiseWorkflow(MultiTurnWorkflow):
     Extra arg: ``discount`` γ for the return (1.0: every turn gets the episode's remaining reward).
     """
 
+    records_states = True
+
     def __init__(self, discount: float = 1.0, **args: Any):
         super().__init__(**args)
         if isinstance(discount, bool) or not isinstance(discount, (int, float)) or not 0 <= discount <= 1:
@@ -400,6 +417,7 @@ class StepWiseWorkflow(MultiTurnWorkflow):
                         "end": e.reason,
                         "turns": len(e.rewards),
                         "step_reward": e.rewards[turn],
+                        "state": e.turn_states[turn],
                         **_versions_info(t.versions[start - t.prompt_length : end - t.prompt_length]),
                     },
                     metrics={**metrics, "response_length": float(end - start)},
