@@ -57,11 +57,12 @@ def test_m2po_on_fresh_samples_is_the_plain_is_gradient():
     assert metrics["m2po/masked_fraction"] == 0.0 and metrics["m2po/m2_before"] == 0.0
 
 
-def test_m2po_drops_the_stalest_tokens_only_and_never_clips_the_rest():
+def test_m2po_drops_the_stalest_tokens_only_and_weighs_the_rest_by_the_sampling_policy():
     # Seven tokens 0.1 off the sampling policy ((log r)² = 0.01 each), one 1.0 off: M2 = (7·0.01 + 1)/8 > 0.04.
     stale = torch.full((2, 4), 0.1)
     stale[0, 2] = 1.0
     # The current policy has moved far from the old one on token [1, 0]: PPO would clip it, M2PO does not.
+    # The ratio is against the policy that sampled the tokens: ρ = π/π_rollout = e^(ℓ - ℓold + stale).
     lp = torch.full((2, 4), -1.0)
     lp[1, 0] = -0.2
     inputs = stale_inputs(stale, lp)
@@ -72,9 +73,9 @@ def test_m2po_drops_the_stalest_tokens_only_and_never_clips_the_rest():
     assert grad[1, 3] == 0  # off the mask
     kept = inputs.mask.clone()
     kept[0, 2] = False
-    # Elsewhere the gradient of −A·ρ is −A·ρ: ρ = e^0.8 on the moved token, unclipped.
-    assert torch.allclose(grad[1, 0], torch.tensor(-math.exp(0.8)))
-    assert torch.allclose(grad[kept & (lp == -1.0)], torch.tensor(-1.0))
+    # Elsewhere the gradient of −A·ρ is −A·ρ: ρ = e^(0.8 + 0.1) on the moved token, unclipped, e^0.1 else.
+    assert torch.allclose(grad[1, 0], torch.tensor(-math.exp(0.9)))
+    assert torch.allclose(grad[kept & (lp == -1.0)], torch.tensor(-math.exp(0.1)))
     assert metrics["m2po/masked_fraction"] == pytest.approx(1 / 7)
     assert metrics["m2po/m2_after"] == pytest.approx(0.01)
     with pytest.raises(ValueError, match="rollout engine's log-probs"):

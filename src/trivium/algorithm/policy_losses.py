@@ -138,12 +138,13 @@ def m2po(inputs: PolicyLossInputs, *, m2_threshold: float = 0.04) -> tuple[Tenso
     """M2PO (Zheng et al. 2025, arXiv:2510.01161; docs/algorithms.md §23): stale samples kept, outliers masked.
 
     With samples drawn by older weights (``synchronizer.sync_offset``) PPO's ratio against the trainer's
-    own old log-probs says nothing about how stale a token is. M2PO measures it against the behaviour policy,
-    log r = ℓold − ℓrollout, and masks the tokens with the largest (log r)² until the mean of (log r)² over
-    the tokens left is at most ``m2_threshold`` (τ_M2): a bound on the second moment, so a batch of mildly
-    stale tokens trains whole and only extreme outliers drop. The update is the unclipped IS policy
-    gradient on what is left, λ = −M·ρ·A with ρ = exp(ℓ − ℓold). On-policy, log r is the engine/trainer
-    mismatch only and nothing is masked.
+    own old log-probs ignores that the samples came from another policy, and a ratio against the sampling
+    policy would be clipped on most stale tokens. M2PO takes the importance weight against the behaviour
+    policy (the rollout engine's log-probs ℓrollout) unclipped, and bounds its variance instead: with
+    log r = ℓold − ℓrollout, it masks the tokens of largest (log r)² until the mean of (log r)² over the
+    tokens left is at most ``m2_threshold`` (τ_M2), so a batch of mildly stale tokens trains whole and only
+    extreme outliers drop. λ = −M·ρ·A with ρ = exp(ℓ − ℓrollout): the gradient −M·ρ·A·∇ℓ corrects for the
+    staleness. On-policy ℓrollout is ℓold up to the engine/trainer mismatch: plain IS policy gradient.
 
     The mask is a mini-batch rule (``mini_batch_rule``): the trainer computes it over the whole optimiser
     mini-batch before its first update, from the old log-probs of an extra forward pass, and passes each
@@ -163,7 +164,7 @@ def m2po(inputs: PolicyLossInputs, *, m2_threshold: float = 0.04) -> tuple[Tenso
     with torch.no_grad():
         stale = (inputs.old_logprobs - inputs.rollout_logprobs).clamp(-20.0, 20.0)
         keep = inputs.keep if inputs.keep is not None else second_moment_mask(stale, mask, m2_threshold)
-    log_ratio = token_log_ratio(inputs)
+    log_ratio = (inputs.logprobs - inputs.rollout_logprobs).clamp(-20.0, 20.0)
     ratio = log_ratio.exp()
     loss = -adv * ratio
     with torch.no_grad():

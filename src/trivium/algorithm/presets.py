@@ -176,8 +176,8 @@ _BUILTIN = [
         "grpo",
         "m2po",
         "M2PO (arXiv:2510.01161): for stale samples (an explorer ahead by synchronizer.sync_offset), GRPO's "
-        "advantage and an unclipped IS policy gradient on the tokens left after masking the largest "
-        "(log π_old/π_rollout)² until their mean is at most τ_M2 = 0.04; token-mean.",
+        "advantage weighed by the unclipped ratio π/π_rollout to the sampling policy, on the tokens left "
+        "after masking the largest (log π_old/π_rollout)² until their mean is at most τ_M2 = 0.04; token-mean.",
         advantage_args={"std_normalize": True},
         policy_loss_args={"m2_threshold": 0.04},
     ),
