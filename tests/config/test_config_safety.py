@@ -285,3 +285,15 @@ def test_gigpo_on_a_workflow_without_per_turn_states_is_refused_before_the_run(f
     fine = ["algorithm.algorithm_type=gigpo", "buffer.taskset.workflow=step_wise"]
     fine.append(env)
     load_config(folder / "c.yaml", fine)  # no problem at all
+
+
+def test_check_config_notes_that_an_explorer_far_ahead_needs_a_staleness_correction(folder, capsys):
+    """GRPO with sync_offset 3 learned +3 points instead of +66 (docs/recipes.md): check-config says so."""
+    ahead = ["--set", "synchronizer.sync_offset=3"]
+    assert cli(["check-config", str(folder / "c.yaml"), *ahead]) == 0
+    out = capsys.readouterr().out
+    assert "# note: synchronizer.sync_offset: 3 trains on samples up to 3 updates old" in out
+    assert "m2po" in out and "rollout_is_cap" in out
+    for fix in ("algorithm.algorithm_type=m2po", "algorithm.rollout_is_cap=2", "synchronizer.sync_offset=1"):
+        assert cli(["check-config", str(folder / "c.yaml"), *ahead, "--set", fix]) == 0
+        assert "# note: " not in capsys.readouterr().out, fix

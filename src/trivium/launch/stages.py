@@ -24,6 +24,7 @@ from trivium.monitor.metrics import MetricsWriter, Progress
 from trivium.sync.protocol import build_weight_sync
 from trivium.sync.versions import SyncPlan
 from trivium.validation.load import Stage
+from trivium.validation.validate import config_notes
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,8 @@ def online_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunS
             s.sync_interval,
             s.sync_offset,
         )
+        for note in config_notes(cfg):  # what check-config says about this stage, in the run's log too
+            log.warning("stage %s: %s", stage.name, note)
         baseline = eval_at_start(cfg, explorer, stage, writer, state) if saved is None else {}
         if ahead is not None:
             ahead.start()

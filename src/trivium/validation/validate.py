@@ -98,6 +98,16 @@ def config_notes(cfg: TriviumConfig) -> list[str]:
             "every reply when rewards are positive). For single-choice traffic use algorithm.algorithm_type: "
             "reinforceplusplus (a batch-wide baseline); for GRPO ask for n >= 2 choices and reward each"
         )
+    loss = cfg.algorithm.policy_loss_fn or (preset.policy_loss_fn if preset is not None else None)
+    stale_aware = loss == "m2po" or cfg.algorithm.rollout_is_cap > 0
+    if cfg.mode == "both" and cfg.synchronizer.sync_offset >= 2 and not stale_aware and preset is not None:
+        ahead = cfg.synchronizer.sync_offset + cfg.synchronizer.sync_interval - 1
+        notes.append(
+            f"synchronizer.sync_offset: {cfg.synchronizer.sync_offset} trains on samples up to {ahead} updates "
+            f"old, and {preset.name!r} corrects nothing for that (its ratio is against the trainer's own weights): "
+            "at offset 3 the quickstart's GRPO gained +3 points instead of +66 (docs/recipes.md). Set "
+            "algorithm.algorithm_type: m2po (+60 there) or algorithm.rollout_is_cap: 2 (+46), or a smaller offset"
+        )
     return notes
 
 
