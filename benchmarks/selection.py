@@ -35,6 +35,7 @@ QUICKSTART = REPO / "examples" / "quickstart" / "grpo_word_problems.yaml"
 DATA = REPO / "examples" / "quickstart" / "data"
 sys.path.insert(0, str(REPO / "benchmarks"))
 import quickstart_grpo  # noqa: E402
+from curves import plot_variants  # noqa: E402
 from quickstart_grpo import grpo_shape  # noqa: E402
 
 
@@ -68,6 +69,39 @@ def sft_model(work: Path, steps: int) -> Path:
     return done
 
 
+def spread_taskset(work: Path, per_kind: int) -> Path:
+    """A task set with a wide difficulty spread, ``per_kind`` tasks of each kind interleaved, from the
+    quickstart's train split (deterministic): *easy* (one step with a verb the teacher confuses 5% of the
+    time), *hard* (every verb confused 60-75% of the time: the errors GRPO fixes on held-out problems) and
+    *mislabelled* (other problems whose label is wrong: the final number + 13, which no answer matches, as
+    mislabelled rows in real data). Sampled 8 times each by the quickstart's SFT model, their mean pass
+    rates are 0.76, 0.20 and 0.01 (docs/recipes.md), and a task comes back about 10 times in 60 steps: the
+    case a selector that learns each task's pass rate is for."""
+    from trivium.tasks.word_problems import VERBS
+
+    def confusions(question: str) -> list[float]:
+        return [v.confusion for v in VERBS if v.phrase.split(" {n}")[0] in question]
+
+    kinds: dict[str, list[dict]] = {"easy": [], "hard": [], "mislabelled": []}
+    for line in (DATA / "train.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        c = confusions(row["question"])
+        if len(c) == 1 and c[0] <= 0.05:
+            kind = "easy"
+        elif c and min(c) >= 0.6:
+            kind = "hard"
+        else:
+            kind = "mislabelled"
+            body, final = row["answer"].rsplit("#### ", 1)
+            row = {**row, "answer": f"{body}#### {int(final) + 13}"}
+        if len(kinds[kind]) < per_kind:
+            kinds[kind].append(row)
+    rows = [row for k in range(per_kind) for kind in kinds.values() for row in kind[k : k + 1]]
+    path = work / f"selection-spread-{per_kind}.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
 def grpo_config(model: Path, work: Path, name: str, seed: int, selector: str, args) -> Path:
     cfg, grpo = quickstart_grpo.grpo_config(
         model, work, project="bench-selection", name=name, seed=seed, threads=args.threads, steps=args.steps
@@ -78,6 +112,8 @@ def grpo_config(model: Path, work: Path, name: str, seed: int, selector: str, ar
         grpo["buffer"]["selector_args"] = json.loads(args.selector_args)
     if args.max_rows:
         grpo["buffer"]["taskset"]["max_rows"] = args.max_rows
+    if args.spread:
+        grpo["buffer"]["taskset"]["path"] = str(spread_taskset(work, args.spread))
     return quickstart_grpo.write(cfg, work)
 
 
@@ -123,7 +159,23 @@ def main() -> int:
     ap.add_argument("--selector-args", default="", help="JSON buffer.selector_args of online_difficulty")
     ap.add_argument("--tag", default="", help="suffix of the results files and run names")
     ap.add_argument("--model", default="", help="start GRPO from this model folder instead of the SFT run")
+    ap.add_argument(
+        "--spread",
+        type=int,
+        default=0,
+        help="train on N easy + N hard + N mislabelled tasks (spread_taskset); 0: the train split",
+    )
+    ap.add_argument(
+        "--plot-results",
+        nargs="+",
+        default=None,
+        metavar="JSON",
+        help="no runs: plot these recorded results together (one variant per selector and selector_args) "
+        "into docs/selection<tag>.png",
+    )
     args = ap.parse_args()
+    if args.plot_results:
+        return plot_results([Path(p) for p in args.plot_results], args.tag)
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     model = Path(args.model).resolve() if args.model else sft_model(work, args.sft_steps)
@@ -151,8 +203,41 @@ def main() -> int:
     (RESULTS / f"selection{args.tag}.json").write_text(json.dumps({"args": recorded, "rows": rows}, indent=1))
     table = markdown(rows, args)
     (RESULTS / f"selection{args.tag}.md").write_text(table)
+    if len(args.seeds) > 1:  # curves over seeds, as docs/recipes.md shows them
+        title = short_title(args)
+        out = REPO / "docs" / f"selection{args.tag}.png"
+        plot_variants(rows, args.selectors, "selector", "greedy eval/test/accuracy", title, out)
     print("\n" + table)
     return 0
+
+
+def train_note(args) -> str:
+    if args.spread:
+        return f"{3 * args.spread} train tasks of three kinds (easy / hard / mislabelled, spread_taskset)"
+    return f"{args.max_rows or 'all'} train tasks"
+
+
+def plot_results(paths: list[Path], tag: str) -> int:
+    """Curves of several recorded ``selection*.json`` on one plot, each selector named with its arguments."""
+    rows, names = [], []
+    for path in paths:
+        recorded = json.loads(path.read_text())
+        extra = recorded["args"].get("selector_args") or ""
+        for row in recorded["rows"]:
+            name = row["selector"] + (f" {extra}" if extra and row["selector"] == "online_difficulty" else "")
+            rows.append({**row, "variant": name})
+            names += [name] if name not in names else []
+    args = argparse.Namespace(**recorded["args"])
+    title = short_title(args)
+    out = REPO / "docs" / f"selection{tag}.png"
+    plot_variants(rows, names, "variant", "greedy eval/test/accuracy", title, out)
+    print(out)
+    return 0
+
+
+def short_title(args) -> str:
+    what = f"--spread {args.spread}: {3 * args.spread} tasks" if args.spread else train_note(args)
+    return f"benchmarks/selection.py {what}, {args.steps} steps"
 
 
 def model_note(args) -> str:
@@ -166,7 +251,7 @@ def markdown(rows: list[dict], args) -> str:
     steps = sorted({s for r in rows for s, _ in r["curve"]})
     lines = [
         f"# benchmarks/selection.py ({time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores, {args.steps} GRPO "
-        f"steps of {tasks} tasks x {group} samples, {args.max_rows or 'all'} train tasks, from {model_note(args)})",
+        f"steps of {tasks} tasks x {group} samples, {train_note(args)}, from {model_note(args)})",
         "",
         "| selector | seed | groups with reward variance | mean train reward | "
         + " | ".join(f"acc@{s}" for s in steps)
