@@ -2,6 +2,7 @@
 
     python benchmarks/recipes.py stale                 # M2PO vs truncated IS vs none, explorer 3 steps ahead
     python benchmarks/recipes.py gigpo                 # GiGPO vs step-wise GRPO on FrozenLake, a move a turn
+    python benchmarks/recipes.py r3l                   # reflect-and-retry vs step-wise GRPO on FrozenLake
     python benchmarks/recipes.py stale --seeds 0 --steps 20   # shorter
 
 ``stale``: the quickstart's GRPO stage (32 tasks x 8 samples a step, 100 steps) from its SFT checkpoint,
@@ -15,6 +16,11 @@ truncated importance weight min(π_old/π_rollout, 2) on the advantages, ``algor
 teacher's SFT, then 40 GRPO steps of 16 maps x 8 episodes) from its SFT checkpoint, its GRPO stage with the
 ``step_wise`` workflow (one experience per move, returns discounted by ``--discount``); the variants differ
 only in the advantage: ``step_wise_grpo`` or ``gigpo``.
+
+``r3l``: the same FrozenLake stage; ``step_wise_grpo`` against the ``reflect_retry`` workflow (failed episodes
+diagnosed by the environment and retried from the mistaken move, ``--candidates`` samples of that move,
+pivotal credit), with the positive advantages as they are (``retry``) and doubled (``r3l``:
+``advantage_args: {positive_scale: 2}``). Evaluation plays the held-out maps with ``multi_turn``: no retries.
 
 The SFT checkpoints are trained once into ``--work`` (default ``benchmarks/workdir``) and reused; ``--model``
 starts from another. The runs of one seed go side by side, one thread each (their wall times are not a
@@ -64,6 +70,21 @@ def gigpo_variants(discount: float) -> dict[str, dict]:
     }
 
 
+def r3l_variants(discount: float, candidates: int) -> dict[str, dict]:
+    retry = {"workflow": "reflect_retry", "workflow_args": {"discount": discount, "candidates": candidates}}
+    return {
+        "step_wise_grpo": {
+            "algorithm": {"algorithm_type": "step_wise_grpo"},
+            "workflow_args": {"discount": discount},
+        },
+        "retry": {"algorithm": {"algorithm_type": "step_wise_grpo"}, **retry},
+        "r3l": {
+            "algorithm": {"algorithm_type": "step_wise_grpo", "advantage_args": {"positive_scale": 2.0}},
+            **retry,
+        },
+    }
+
+
 def stale_config(model: Path, work: Path, name: str, seed: int, change: dict, args) -> Path:
     cfg, grpo = quickstart_grpo.grpo_config(
         model, work, project=PROJECT, name=name, seed=seed, threads=1, steps=args.steps
@@ -85,7 +106,7 @@ def gigpo_config(model: Path, work: Path, name: str, seed: int, change: dict, ar
     grpo["algorithm"] = change["algorithm"]
     grpo["buffer"]["total_steps"] = args.steps
     taskset = grpo["buffer"]["taskset"]
-    taskset["workflow"] = "step_wise"
+    taskset["workflow"] = change.get("workflow", "step_wise")
     taskset["workflow_args"] = {**taskset["workflow_args"], **change["workflow_args"]}
     grpo["explorer"]["eval_at_start"] = True
     grpo.setdefault("trainer", {})["save_interval"] = 0
@@ -124,11 +145,18 @@ RECIPES = {
     # recipe: (variants(args), config writer, held-out metric, SFT model, what the table reports)
     "stale": (lambda a: stale_variants(a.offset), stale_config, "eval/test/accuracy"),
     "gigpo": (lambda a: gigpo_variants(a.discount), gigpo_config, "eval/test/success"),
+    "r3l": (lambda a: r3l_variants(a.discount, a.candidates), gigpo_config, "eval/test/success"),
 }
-DEFAULT_STEPS = {"stale": 100, "gigpo": 40}
+DEFAULT_STEPS = {"stale": 100, "gigpo": 40, "r3l": 40}
 EXTRA = {  # per-step training metrics worth a column: name in the table -> metric
     "stale": {"staleness": "staleness/mean", "masked (m2po)": "m2po/masked_fraction"},
     "gigpo": {"rollout success": "rollout/success", "turns in anchor groups": "gigpo/turns_in_anchor_groups"},
+    "r3l": {
+        "rollout success": "rollout/success",
+        "episodes failed": "rollout/reflect/failed",
+        "failed retried": "rollout/reflect/retried",
+        "retry success": "rollout/retry/success",
+    },
 }
 
 
@@ -170,7 +198,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=0, help="RL steps (0: the example's)")
     ap.add_argument("--eval-every", type=int, default=0, help="greedy evaluation interval (0: steps / 4)")
     ap.add_argument("--offset", type=int, default=3, help="stale: synchronizer.sync_offset")
-    ap.add_argument("--discount", type=float, default=0.95, help="gigpo: the step_wise workflow's γ")
+    ap.add_argument("--discount", type=float, default=0.95, help="gigpo, r3l: the step_wise workflow's γ")
+    ap.add_argument("--candidates", type=int, default=4, help="r3l: samples of a retried move")
     ap.add_argument("--parallel", type=int, default=0, help="runs at once (0: every variant of a seed)")
     ap.add_argument("--tag", default="", help="suffix of the results files and run names")
     ap.add_argument(
@@ -277,7 +306,11 @@ def markdown(
 
 
 def plot(rows: list[dict], names: list[str], args, metric: str, out: Path) -> None:
-    what = {"stale": f"explorer {getattr(args, 'offset', '?')} steps ahead", "gigpo": "FrozenLake, step_wise"}
+    what = {
+        "stale": f"explorer {getattr(args, 'offset', '?')} steps ahead",
+        "gigpo": "FrozenLake, step_wise",
+        "r3l": "FrozenLake, reflect and retry",
+    }
     title = f"benchmarks/recipes.py {args.recipe} ({what.get(args.recipe, '')})"
     plot_variants(rows, names, "variant", f"greedy {metric}", title, out)
 

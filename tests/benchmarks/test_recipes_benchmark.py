@@ -36,7 +36,7 @@ def test_every_variant_of_every_recipe_is_a_valid_run(recipes, tiny_model_dir, t
     shutil.copy(recipes.AGENTS / "frozenlake.yaml", agents)
     write_frozenlake(agents / "data" / "frozenlake", n_train=8, n_test=4, n_sft=8)
     monkeypatch.setattr(recipes, "AGENTS", agents)
-    args = Namespace(steps=3, eval_every=1, offset=2, discount=0.9)
+    args = Namespace(steps=3, eval_every=1, offset=2, discount=0.9, candidates=3)
     for recipe, (variants, write, _) in recipes.RECIPES.items():
         for name, change in variants(args).items():
             path = write(tiny_model_dir, tmp_path, f"{recipe}-{name}", 0, change, args)
@@ -47,8 +47,11 @@ def test_every_variant_of_every_recipe_is_a_valid_run(recipes, tiny_model_dir, t
             if recipe == "stale":
                 assert cfg.synchronizer.sync_offset == (0 if name == "on-policy" else 2)
             else:
-                assert cfg.buffer.taskset.workflow == "step_wise"
+                assert cfg.buffer.taskset.workflow == change.get("workflow", "step_wise")
                 assert cfg.buffer.taskset.workflow_args["discount"] == 0.9
+            if recipe == "r3l" and name != "step_wise_grpo":
+                assert cfg.buffer.taskset.workflow_args["candidates"] == 3
+                assert cfg.buffer.eval_tasksets[0].workflow == "multi_turn"  # evaluation without retries
 
 
 def test_the_table_and_plot_report_every_seed(recipes, tmp_path):

@@ -287,6 +287,14 @@ def test_gigpo_on_a_workflow_without_per_turn_states_is_refused_before_the_run(f
     load_config(folder / "c.yaml", fine)  # no problem at all
 
 
+def test_reflect_retry_on_an_environment_that_diagnoses_nothing_is_refused_before_the_run(folder):
+    """reflect_retry retries what diagnose() names; the calculator's tool environment names nothing."""
+    wf = "buffer.taskset.workflow=reflect_retry"
+    (p,) = problems(folder / "c.yaml", [wf, "buffer.taskset.workflow_args={env: tools}"])
+    assert p.path == "buffer.taskset.workflow_args.env" and "no diagnose()" in p.rule and "step_wise" in p.fix
+    load_config(folder / "c.yaml", [wf, "buffer.taskset.workflow_args={env: frozenlake}"])  # no problem
+
+
 def test_check_config_notes_that_an_explorer_far_ahead_needs_a_staleness_correction(folder, capsys):
     """GRPO with sync_offset 3 learned +3 points instead of +66 (docs/recipes.md): check-config says so."""
     ahead = ["--set", "synchronizer.sync_offset=3"]

@@ -165,3 +165,46 @@ def test_bad_rows_name_the_field(data, message):
     with pytest.raises(ValueError, match=message) as info:
         env.reset(task(**data))
     assert "lake:0" in str(info.value)
+
+
+def play(moves, **env_args):
+    """Play ``moves`` in a real episode on MAP; the env after it ended (or after the last move)."""
+    env = FrozenLakeEnv(**env_args)
+    env.reset(task(map=MAP))
+    for k, move in enumerate(moves):
+        result = env.step(move)
+        if result.done:
+            assert k == len(moves) - 1, f"the episode ended at move {k}, before the scripted {len(moves)}"
+    env.close()
+    return env, result
+
+
+def test_diagnose_names_the_move_into_a_hole_and_how_to_recognise_it_again():
+    env, result = play(["right", "Action: down"])
+    assert result.done and result.reward == 0.0  # gymnasium agrees: the second move fell in
+    d = env.diagnose(["right", "Action: down"])
+    assert d.turn == 1 and "hole" in d.feedback and "row 1, column 2" in d.feedback
+    assert d.repeats("down") and d.repeats("I think... Action: down")
+    assert not d.repeats("right") and not d.repeats("no idea")
+
+
+def test_diagnose_names_the_first_wasted_turn_of_an_episode_that_ran_out():
+    for moves, turn, words in [
+        (["hello", "right", "left"], 0, "no move"),  # no move at all
+        (["up", "right", "right"], 0, "edge"),  # bumps into the top edge
+        (["right", "left", "down"], 1, "already visited"),  # back to S
+        (["down", "xyz", "up"], 1, "no move"),  # the first wasted turn wins over later ones
+    ]:
+        env, result = play(moves, max_steps=3)
+        assert result.done and result.reward == 0.0 and result.info["success"] == 0.0
+        d = env.diagnose(moves)
+        assert (d.turn, words in d.feedback) == (turn, True), (moves, d)
+    assert play(["hello"], max_steps=1)[0].diagnose(["hello"]).repeats("still nothing")
+
+
+def test_diagnose_says_nothing_for_a_success_or_slippery_ice():
+    moves = shortest_path(MAP)
+    env, result = play(moves)
+    assert result.info["success"] == 1.0 and env.diagnose(moves) is None
+    slippery, _ = play(["right"], is_slippery=True, max_steps=1)
+    assert slippery.diagnose(["right"]) is None

@@ -59,11 +59,29 @@ def data(tmp_path_factory):
             "eval/test/success",
             {"taskset": {"workflow": "step_wise"}, "algorithm": {"algorithm_type": "gigpo"}},
         ),
+        (
+            "frozenlake",
+            "eval/test/success",
+            {
+                "taskset": {
+                    "workflow": "reflect_retry",
+                    "workflow_args": {"env": "frozenlake", "max_turns": 8, "candidates": 8},
+                },
+                "algorithm": {"algorithm_type": "step_wise_grpo", "advantage_args": {"positive_scale": 2.0}},
+            },
+        ),
     ],
-    ids=["frozenlake-multi_turn", "calculator-react", "frozenlake-step_wise", "frozenlake-gigpo"],
+    ids=[
+        "frozenlake-multi_turn",
+        "calculator-react",
+        "frozenlake-step_wise",
+        "frozenlake-gigpo",
+        "frozenlake-reflect_retry",
+    ],
 )
 def test_agent_config_plumbing_sft_then_grpo_episodes_run_without_failures(data, task, metric, changes):
-    name = task + ("-" + changes["algorithm"]["algorithm_type"] if changes else "")
+    workflow = changes.get("taskset", {}).get("workflow")
+    name = "-".join([task, *([workflow, changes["algorithm"]["algorithm_type"]] if changes else [])])
     folder = data / name
     folder.mkdir()
     (folder / "data").symlink_to(data / "data")
@@ -77,7 +95,12 @@ def test_agent_config_plumbing_sft_then_grpo_episodes_run_without_failures(data,
     sft_evals = [r for r in records if r["stage"] == "sft" and metric in r]
     assert sft_evals, "the SFT stage evaluated the agent on the test maps/questions"
     assert not (run_dir / "failures.jsonl").exists(), (run_dir / "failures.jsonl").read_text()
-    if changes:  # step-wise: more experiences than episodes, each episode's turns share a run index
+    if workflow == "reflect_retry":  # failed episodes diagnosed; each retry made is one more episode
+        assert all(r["rollout/reflect/failed"] > 0 for r in grpo)  # a 3-step SFT model fails its maps
+        made = [r for r in grpo if r["rollout/reflect/retried"] > 0]
+        assert made, "no failed episode was retried"
+        assert all(r["advantage/episodes"] > 2 * 2 and "rollout/retry/turns" in r for r in made)
+    elif changes:  # step-wise: more experiences than episodes, each episode's turns share a run index
         last = grpo[-1]
         assert last["advantage/episodes"] == 2 * 2  # 2 tasks x 2 episodes, each counted once
         assert last["rollout/experiences"] == last["advantage/episodes"] * last["advantage/turns_per_episode"]

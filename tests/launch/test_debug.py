@@ -114,6 +114,8 @@ def test_a_multi_turn_environment_s_tokens_are_shown_off_the_mask(tmp_path, tiny
             "exact_match",
             {"env": "tests.workflows.conftest:CountdownEnv", "env_args": {"turns": 2}},
         ),
+        # failed episodes retried from the turn diagnose() names: the retries are printed too
+        ("reflect_retry", {"n": 2}, "exact_match", {"env": "tests.workflows.conftest:EvenEnv"}),
         # a ReAct agent with the calculator tool, as examples/agents/calculator.yaml runs it
         (
             "react",

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from trivium.envs.base import Environment, StepResult
+from trivium.envs.base import Diagnosis, Environment, StepResult
 
 
 class CountdownEnv(Environment):
@@ -48,7 +48,37 @@ class CountdownEnv(Environment):
         self.closed = True
 
 
+class EvenEnv(Environment):
+    """Two turns: the first is free, the second wins (reward 1) when its text has an even length.
+
+    ``diagnose`` blames turn 1 and flags odd-length texts as repeats of the mistake (``unavoidable``: every
+    text). ``drift``: each instance shows a different opening, so a replay in a fresh instance differs.
+    """
+
+    created = 0
+
+    def __init__(self, drift: bool = False, unavoidable: bool = False):
+        self.drift, self.unavoidable = drift, unavoidable
+        self.index = EvenEnv.created
+        EvenEnv.created += 1
+        self.taken = 0
+
+    def reset(self, task):
+        return f"Start {task.data['n']}" + (f" #{self.index}" if self.drift else "")
+
+    def step(self, action):
+        self.taken += 1
+        if self.taken == 1:
+            return StepResult(observation="Again.")
+        win = float(len(action) % 2 == 0)
+        return StepResult(reward=win, done=True, info={"success": win})
+
+    def diagnose(self, actions):
+        repeats = (lambda text: True) if self.unavoidable else (lambda text: len(text) % 2 == 1)
+        return Diagnosis(1, "the second turn's text had an odd length", repeats=repeats)
+
+
 @pytest.fixture(autouse=True)
 def _reset_counter():
-    CountdownEnv.created = 0
+    CountdownEnv.created = EvenEnv.created = 0
     yield

@@ -114,7 +114,7 @@ def reinforceplusplus_baseline(inputs: AdvantageInputs) -> tuple[Tensor, dict[st
 
 @ADVANTAGE_FNS.register("step_wise_grpo")
 def step_wise_grpo(
-    inputs: AdvantageInputs, *, std_normalize: bool = True, epsilon: float = 1e-6
+    inputs: AdvantageInputs, *, std_normalize: bool = True, epsilon: float = 1e-6, positive_scale: float = 1.0
 ) -> tuple[Tensor, dict[str, float]]:
     """GRPO for step-wise multi-turn experiences: one sequence per model turn, compared across *episodes*.
 
@@ -129,12 +129,22 @@ def step_wise_grpo(
     so a long episode does not weigh more in the baseline than a short one. With final rewards only this
     is GRPO's advantage of the episode, given to every one of its turns. Conventions as GRPO: a group of
     one episode uses μ = 0, σ = 1; a group whose episode returns are all equal gets 0 on every turn.
+
+    ``positive_scale`` α multiplies the positive advantages (R3L's positive amplification, docs/algorithms.md
+    §25: with the ``reflect_retry`` workflow the few successful retries weigh more against the many
+    failures); 1 leaves them as they are.
     """
+    if not positive_scale > 0:
+        raise ValueError(
+            f"step_wise_grpo needs positive_scale > 0 (the factor on positive advantages), got {positive_scale}"
+        )
     rewards = as_float(inputs.rewards)
     ep = _episodes(inputs, rewards, "step_wise_grpo")
     centred = rewards - ep.mean[ep.seq_group]
     seq_adv = centred / (ep.std[ep.seq_group] + epsilon) if std_normalize else centred
     seq_adv = torch.where(ep.all_equal[ep.seq_group], 0.0, seq_adv)
+    if positive_scale != 1.0:
+        seq_adv = torch.where(seq_adv > 0, positive_scale * seq_adv, seq_adv)
     metrics = sequence_metrics(seq_adv, ep.seq_group, ep.counts)
     metrics["advantage/episodes"] = float(ep.num_episodes)
     metrics["advantage/turns_per_episode"] = rewards.numel() / max(ep.num_episodes, 1)

@@ -18,6 +18,12 @@ a text-only rollout model an image observation fails the episode with an error t
 Rewards: ``StepResult.reward`` is the reward of that step. Environments with only a final reward return 0
 until the last step. The episode return is the sum over steps.
 
+Reflect and retry (``workflow: reflect_retry``): an environment may say where a failed episode went wrong,
+``diagnose(actions) -> Diagnosis | None``, called on the finished episode's environment with the text of
+each model turn. The workflow replays the turns before ``Diagnosis.turn`` in a fresh environment (so
+``reset`` and ``step`` must be deterministic for a task) and samples that turn anew, avoiding the turn texts
+that ``Diagnosis.repeats`` flags. The default says nothing (no episode is retried).
+
 Robustness: workflows call ``reset`` and ``step`` with a timeout (``env_timeout_s``); an environment that
 raises or hangs fails that episode only, recorded with the task id and the reason. A call that overruns
 is told to stop and ``close()`` is called at once (``envs/calls.py`` says what Python cannot interrupt).
@@ -26,7 +32,7 @@ is told to stop and ``close()`` is called at once (``envs/calls.py`` says what P
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +41,7 @@ from trivium.types import Task
 
 __all__ = [
     "ENVIRONMENTS",
+    "Diagnosis",
     "Environment",
     "Message",
     "StepResult",
@@ -54,6 +61,17 @@ class StepResult:
     reward: float = 0.0
     done: bool = False
     info: Mapping[str, Any] = field(default_factory=dict)  # JSON-safe; numeric entries become metrics
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """Where a failed episode went wrong (``Environment.diagnose``): what ``reflect_retry`` restarts from."""
+
+    turn: int  # the model turn (0-based) that made the mistake: the retry keeps the turns before it
+    feedback: str = ""  # the mistake in words (kept in the retry's experiences, shown by Studio and debug)
+    # True for a turn text that makes the same mistake again: the retry's first turn is never one of those
+    # (None: never the failed turn's text again)
+    repeats: Callable[[str], bool] | None = None
 
 
 class Environment(ABC):
@@ -80,6 +98,12 @@ class Environment(ABC):
         """Release resources (processes, files); called once the episode ends, also after errors, and right
         after a ``reset`` or ``step`` that overran ``env_timeout_s`` (while it may still run in its thread):
         kill the process or close the socket such a call waits on, so that it ends too."""
+
+    def diagnose(self, actions: Sequence[str]) -> Diagnosis | None:
+        """Where the episode just played went wrong, given each model turn's text (``actions[k]`` is turn
+        k); None: no diagnosis (the episode is not retried). Called after the episode ended and
+        ``close()`` ran, so it reads what ``reset``/``step`` recorded, not a live simulator."""
+        return None
 
     #: Tools the model may call (OpenAI ``tools`` schema entries); rendered by the chat template.
     def tool_schemas(self) -> list[dict[str, Any]]:

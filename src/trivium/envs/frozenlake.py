@@ -32,6 +32,11 @@ square), ``cell_px`` pixels a cell (default 28: one visual token per cell for Qw
 cover 28x28 pixels), after the first turn's instruction (``IMAGE_INSTRUCTION``). The workflow stores
 each picture once in the run's image store; the experiences refer to them.
 
+Reflect and retry (``workflow: reflect_retry``): ``diagnose`` walks a failed episode's moves over the map
+(non-slippery ice only) and names the mistake: the move into a hole; else, for an episode that ran out of
+turns, its first wasted turn (no move, a move into the edge, or back onto a cell already visited). The
+retry avoids that move from that cell.
+
 Reward: 1.0 on reaching G, 0.0 otherwise (a hole or the step limit ends the episode with 0). ``info``:
 ``success`` (1.0 when G was reached), ``steps``, ``invalid_actions``, ``return``.
 ``shortest_path(desc)`` solves a map (BFS), for demonstrations and checks.
@@ -44,7 +49,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trivium.envs.base import image_part, register_env
+from trivium.envs.base import Diagnosis, image_part, register_env
 from trivium.envs.gym_adapter import GymnasiumEnv
 from trivium.types import Task
 
@@ -303,3 +308,41 @@ class FrozenLakeEnv(GymnasiumEnv):
 
     def parse_action(self, text: str) -> int | None:
         return parse_move(text)
+
+    def diagnose(self, actions: Sequence[str]) -> Diagnosis | None:
+        """The failed episode's mistake (see the module docstring); None on slippery ice (a move may not
+        have gone where it was meant to), for an episode that reached G, or one with no mistake found."""
+        if self.is_slippery or not self.desc:
+            return None
+        rows, cols = len(self.desc), len(self.desc[0])
+        pos = next((r, c) for r in range(rows) for c in range(cols) if self.desc[r][c] == "S")
+        seen, wasted = {pos}, None
+        for k, text in enumerate(actions):
+            move = parse_move(text)
+            if move is None:
+                wasted = wasted or Diagnosis(k, f"turn {k + 1} named no move", repeats=_no_move)
+                continue
+            word = ACTIONS[move]
+            dr, dc = _DELTAS[word]
+            nxt = (min(max(pos[0] + dr, 0), rows - 1), min(max(pos[1] + dc, 0), cols - 1))
+            where = f"turn {k + 1}: {word} from row {pos[0] + 1}, column {pos[1] + 1}"
+            cell = self.desc[nxt[0]][nxt[1]]
+            if cell == "H":
+                return Diagnosis(k, f"{where} walks into a hole", repeats=_move_is(move))
+            if cell == "G":
+                return None
+            if nxt in seen and wasted is None:
+                what = "runs into the edge" if nxt == pos else "goes back to a cell already visited"
+                wasted = Diagnosis(k, f"{where} {what}", repeats=_move_is(move))
+            seen.add(nxt)
+            pos = nxt
+        return wasted
+
+
+def _no_move(text: str) -> bool:
+    return parse_move(text) is None
+
+
+def _move_is(move: int):
+    """Whether a turn text names ``move`` (the mistake ``diagnose`` found)."""
+    return lambda text: parse_move(text) == move

@@ -116,6 +116,7 @@ def _algorithm_data_problems(cfg: TriviumConfig, at) -> list[Problem]:
             for path, rule, fix in problems_of(strategy, cfg, cfg.algorithm.sample_strategy_args):
                 out.append(Problem(at(path), None, rule, fix))
     out += _state_problems(cfg, at)
+    out += _retry_problems(cfg, at)
     if cfg.mode == "bench" and not buf.eval_tasksets:
         out.append(
             Problem(
@@ -146,6 +147,36 @@ def _state_problems(cfg: TriviumConfig, at) -> list[Problem]:
             "the gigpo advantage groups model turns by the environment state they started from, and workflow "
             f"'{ts.workflow}' records no states (one experience per episode or per call)",
             "use workflow: step_wise (one experience per turn, each with its state), or algorithm_type: grpo",
+        )
+    ]
+
+
+def _retry_problems(cfg: TriviumConfig, at) -> list[Problem]:
+    """reflect_retry retries what the environment diagnoses: an environment without ``diagnose`` retries nothing."""
+    from trivium.envs.base import Environment
+    from trivium.workflows.reflect_retry import ReflectRetryWorkflow
+    from trivium.workflows.registry import WORKFLOWS
+
+    ts = cfg.buffer.taskset
+    if ts is None or WORKFLOWS.problem(ts.workflow):
+        return []
+    cls = WORKFLOWS.get(ts.workflow)
+    if not (isinstance(cls, type) and issubclass(cls, ReflectRetryWorkflow)):
+        return []
+    try:
+        env_class = cls(**ts.workflow_args).env_class
+    except Exception:  # bad workflow_args: the workflow check names them
+        return []
+    if env_class.diagnose is not Environment.diagnose:
+        return []
+    return [
+        Problem(
+            at("buffer.taskset.workflow_args.env"),
+            env_class.__name__,
+            f"workflow '{ts.workflow}' retries failed episodes from the mistake the environment's diagnose() "
+            f"names, and {env_class.__name__} has no diagnose(): no episode would be retried",
+            "implement diagnose(actions) -> Diagnosis on the environment (trivium.envs.base), or use workflow: "
+            "step_wise",
         )
     ]
 

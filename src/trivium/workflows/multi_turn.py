@@ -44,6 +44,7 @@ from trivium.envs.base import Environment, StepResult, as_messages, get_env_clas
 from trivium.envs.calls import EnvTimeoutError, call_with_timeout
 from trivium.models.chat import TemplateError
 from trivium.models.handle import ModelHandle
+from trivium.models.protocol import Generation
 from trivium.models.transcript import Transcript, check_template
 from trivium.types import Experience, Task, version_runs
 from trivium.workflows.base import Workflow
@@ -85,6 +86,11 @@ class Episode:
     done: bool = False
     reason: str = ""  # why it ended: done, max_turns, context, error
     error: str = ""
+    # the model turns' Generations, kept only by workflows that replay episodes (``keeps_generations``)
+    generations: list[Generation] = field(default_factory=list)
+    first_turn: int = 0  # step_wise: turns before it give no experience (reflect_retry's pivotal credit)
+    info: dict[str, Any] = field(default_factory=dict)  # added to the info of the episode's experiences
+    metrics: dict[str, float] = field(default_factory=dict)  # added to their metrics
 
 
 class MultiTurnWorkflow(Workflow):
@@ -97,6 +103,7 @@ class MultiTurnWorkflow(Workflow):
 
     default_env: ClassVar[str | None] = None
     reads_all_columns: ClassVar[bool] = True  # the environment reads what it needs from the task row
+    keeps_generations: ClassVar[bool] = False  # keep each turn's Generation in ``Episode.generations``
 
     def __init__(
         self,
@@ -126,6 +133,11 @@ class MultiTurnWorkflow(Workflow):
     def run(self, task: Task, model: ModelHandle) -> list[Experience]:
         require_stable_template(model.tokenizer, self.allow_unstable_template)
         episodes = [self._start(task, model, i) for i in range(model.params.n)]
+        self._play(task, model, episodes)
+        return [x for e in self._finished(task, episodes) for x in self.experiences(task, e)]
+
+    def _play(self, task: Task, model: ModelHandle, episodes: list[Episode]) -> None:
+        """Step the live ``episodes`` together until each is done: one model call a round for all of them."""
         while live := [e for e in episodes if not e.done]:
             room = model.max_length
             for e in live:
@@ -139,19 +151,28 @@ class MultiTurnWorkflow(Workflow):
                 [e.transcript.ids for e in live], media=media if any(media) else None, n=1
             )
             for e, (gen,) in zip(live, generations):
-                start = len(e.transcript.tokens)
-                e.turn_images.append(len(e.transcript.images))
-                e.turn_states.append(e.state)
-                e.transcript.add_generation(gen)
-                e.turn_spans.append((start, len(e.transcript.tokens)))
-                self._step(task, e, gen.text, model)
+                self._take_turn(task, e, gen, model)
+
+    def _take_turn(self, task: Task, e: Episode, gen: Generation, model: ModelHandle) -> None:
+        """Add the model's turn ``gen`` to the episode and step its environment with the turn's text."""
+        start = len(e.transcript.tokens)
+        e.turn_images.append(len(e.transcript.images))
+        e.turn_states.append(e.state)
+        e.transcript.add_generation(gen)
+        e.turn_spans.append((start, len(e.transcript.tokens)))
+        if self.keeps_generations:
+            e.generations.append(gen)
+        self._step(task, e, gen.text, model)
+
+    def _finished(self, task: Task, episodes: list[Episode]) -> list[Episode]:
+        """The episodes that did not fail (failures logged and kept in ``failed_runs``); raises if none."""
         self.failed_runs = [(e.run_index, e.error) for e in episodes if e.reason == "error"]
         for run, reason in self.failed_runs:
             log.warning("task %s run %d failed: %s", task.task_id, run, reason)
         ok = [e for e in episodes if e.reason != "error"]
         if not ok:
             raise RuntimeError(f"every episode of task {task.task_id} failed; first: {episodes[0].error}")
-        return [x for e in ok for x in self.experiences(task, e)]
+        return ok
 
     def _start(self, task: Task, model: ModelHandle, run_index: int) -> Episode:
         episode = Episode(run_index, self.make_env())
@@ -297,7 +318,7 @@ class MultiTurnWorkflow(Workflow):
         metrics["truncated"] = float(e.reason in ("max_turns", "context"))
         if e.last is not None:
             metrics.update({k: float(v) for k, v in e.last.info.items() if isinstance(v, (int, float, bool))})
-        return metrics
+        return {**metrics, **e.metrics}
 
     def experiences(self, task: Task, e: Episode) -> list[Experience]:
         t = e.transcript
@@ -312,7 +333,7 @@ class MultiTurnWorkflow(Workflow):
                 task_id=task.task_id,
                 run_index=e.run_index,
                 images=tuple(t.images),
-                info={"end": e.reason, "turns": len(e.rewards), **_versions_info(t.versions)},
+                info={"end": e.reason, "turns": len(e.rewards), **e.info, **_versions_info(t.versions)},
                 metrics={**metrics, "response_length": float(sum(t.mask))},
             )
         ]
@@ -402,6 +423,8 @@ class StepWiseWorkflow(MultiTurnWorkflow):
         metrics = self.episode_metrics(e)
         out = []
         for turn, ((start, end), ret, images) in enumerate(zip(e.turn_spans, returns, e.turn_images)):
+            if turn < e.first_turn:
+                continue
             out.append(
                 Experience(
                     tokens=torch.tensor(t.tokens[:end], dtype=torch.long),
@@ -418,6 +441,7 @@ class StepWiseWorkflow(MultiTurnWorkflow):
                         "turns": len(e.rewards),
                         "step_reward": e.rewards[turn],
                         "state": e.turn_states[turn],
+                        **e.info,
                         **_versions_info(t.versions[start - t.prompt_length : end - t.prompt_length]),
                     },
                     metrics={**metrics, "response_length": float(end - start)},

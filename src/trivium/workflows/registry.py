@@ -23,7 +23,8 @@ WORKFLOWS: Registry[type] = Registry(
     doc="a Workflow subclass: Class(**workflow_args).run(task, model) -> [Experience]",
     check=_is_workflow,
     builtins=[
-        f"trivium.workflows.{m}" for m in ("agent", "code", "countdown", "math", "multi_turn", "vision")
+        f"trivium.workflows.{m}"
+        for m in ("agent", "code", "countdown", "math", "multi_turn", "reflect_retry", "vision")
     ],
 )
 
