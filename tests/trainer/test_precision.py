@@ -2,7 +2,9 @@
 optimizer state, LoRA and the critic under autocast, the config checks."""
 
 import copy
+import json
 import math
+import os
 
 import pytest
 import torch
@@ -262,3 +264,28 @@ def test_the_model_probe_is_keyed_by_architecture_not_by_folder(policy):
     key = model_probe(policy, CPU).cache_key
     assert key.startswith("model pass ") and key == model_probe(policy, CPU).cache_key
     assert shape_probe((64, 128), CPU).cache_key == "MLP 64x128"
+
+
+def test_runs_started_together_measure_once_and_all_decide_the_same(tmp_path):
+    """Three benchmark runs started at once each found no kept measurement, timed bf16 against each other's
+    load and decided fp32, bf16, bf16. The first now measures under a lock; the others wait and read it."""
+    import subprocess
+    import sys
+
+    kept = tmp_path / "precision_probe.json"
+    code = (
+        "import sys, time, torch\n"
+        "from trivium.trainer.probe_cache import remembered_speedup\n"
+        "def measure():\n"
+        "    time.sleep(0.5)\n"  # long enough for every process to be waiting, were there no lock
+        "    return float(sys.argv[1])\n"
+        "print(remembered_speedup('model pass Z', torch.device('cpu'), measure)[0])\n"
+    )
+    env = {**os.environ, "TRIVIUM_PROBE_CACHE": str(kept)}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, ratio], env=env, stdout=subprocess.PIPE, text=True)
+        for ratio in ("1.1", "1.3", "1.5")
+    ]
+    ratios = {float(p.communicate(timeout=120)[0].strip()) for p in procs}
+    assert len(ratios) == 1, ratios  # one measurement, whichever process took the lock first
+    assert len(json.loads(kept.read_text())) == 1

@@ -8,17 +8,23 @@ the next (and a resumed run could change precision halfway). The first measureme
 is now kept in a small JSON file, keyed by the pass (the model's architecture or shapes), the device, the
 threads and torch's version; later runs there read it back and say so. Deleting the file measures again.
 
+Runs started together (a benchmark's variants side by side) would each find no entry and measure at once,
+slowing each other down: on the 2-core machine three such runs of one model decided fp32, bf16 and bf16.
+So the read, the measurement and the write happen under an exclusive lock on a file beside the cache
+(``fcntl.flock``, POSIX): the first run measures alone, the others wait for it and read what it kept.
+
 Where: ``TRIVIUM_PROBE_CACHE`` (a file path; ``0`` turns keeping off, as the test suite does), else
 ``$XDG_CACHE_HOME/trivium/precision_probe.json``, else ``~/.cache/trivium/precision_probe.json``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -61,21 +67,43 @@ def remembered_speedup(key: str, device: torch.device, measure: Callable[[], flo
     if path is None:
         return measure(), "measured at start"
     full_key = f"{key} | {device.type}: {machine(device)} | torch {torch.__version__}"
+    with _locked(path):
+        try:
+            kept = json.loads(path.read_text())
+            kept = kept if isinstance(kept, dict) else {}
+        except (OSError, ValueError):
+            kept = {}
+        entry = kept.get(full_key)
+        if (
+            isinstance(entry, dict)
+            and isinstance(entry.get("speedup"), (int, float))
+            and entry["speedup"] > 0
+        ):
+            return float(entry["speedup"]), (
+                f"measured on this machine on {entry.get('date', '?')}, kept in {path}; delete it to measure again"
+            )
+        ratio = measure()
+        kept[full_key] = {"speedup": ratio, "date": time.strftime("%Y-%m-%d")}
+        try:
+            write_atomically(path, json.dumps(kept, indent=1, sort_keys=True))  # another run may read it now
+            return ratio, f"measured at start, kept in {path} so that later runs here decide the same"
+        except OSError as error:  # a read-only home: decide by this measurement alone
+            return ratio, f"measured at start (not kept: {error.strerror or error})"
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``<path>.lock`` (module docstring); without fcntl or a writable folder, none."""
     try:
-        kept = json.loads(path.read_text())
-        kept = kept if isinstance(kept, dict) else {}
-    except (OSError, ValueError):
-        kept = {}
-    entry = kept.get(full_key)
-    if isinstance(entry, dict) and isinstance(entry.get("speedup"), (int, float)) and entry["speedup"] > 0:
-        return float(entry["speedup"]), (
-            f"measured on this machine on {entry.get('date', '?')}, kept in {path}; delete it to measure again"
-        )
-    ratio = measure()
-    kept[full_key] = {"speedup": ratio, "date": time.strftime("%Y-%m-%d")}
-    try:
+        import fcntl
+
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(path, json.dumps(kept, indent=1, sort_keys=True))  # another run may read it now
-        return ratio, f"measured at start, kept in {path} so that later runs here decide the same"
-    except OSError as error:  # a read-only home: decide by this measurement alone
-        return ratio, f"measured at start (not kept: {error.strerror or error})"
+        handle = open(path.with_name(path.name + ".lock"), "a")  # noqa: SIM115 - closed below
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the handle closes, or the process dies
+        yield
+    finally:
+        handle.close()
