@@ -45,8 +45,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_set(p)
     p.set_defaults(func=_cmd_check)
 
-    p = sub.add_parser("doctor", help="explain a config stage by stage: batch shapes, steps, memory per role")
+    p = sub.add_parser(
+        "doctor",
+        help="explain a config stage by stage: batch shapes, steps, memory per role, and what to change",
+    )
     p.add_argument("config", help="YAML config file")
+    p.add_argument(
+        "--memory",
+        help="plan for this much memory per device (e.g. 24GiB, 80G) instead of this machine's",
+    )
     _add_set(p)
     p.set_defaults(func=_cmd_doctor)
 
@@ -328,8 +335,14 @@ def _cmd_doctor(args) -> int:
         print(exc, file=sys.stderr)
         return 2
     from trivium.launch.config_doctor import explain
+    from trivium.launch.doctor_advice import parse_size
 
-    print(f"trivium doctor: {args.config} ({len(run_cfg.stages)} stage(s))\n\n{explain(run_cfg)[0]}")
+    try:
+        memory = parse_size(args.memory) if args.memory else None
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    print(f"trivium doctor: {args.config} ({len(run_cfg.stages)} stage(s))\n\n{explain(run_cfg, memory)[0]}")
     return 0
 
 

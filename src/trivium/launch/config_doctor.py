@@ -12,6 +12,7 @@ whose folder does not exist yet it builds the recipe's tokenizer in memory. It w
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ class StageFacts:
     shapes: Shapes | None
     estimate: Estimate | None
     total_steps: int | None
+    advice: list = dataclasses.field(default_factory=list)  # doctor_advice.Advice, in the order printed
 
 
 def model_and_tokenizer(cfg):
@@ -172,8 +174,9 @@ class _Batch:
     unit: str  # what a row is: "tasks" or "rows"
 
 
-def stage_facts(stage, index: int, count: int) -> StageFacts:
-    """What one stage means: its quantities per step, its weights' staleness and its memory, in lines."""
+def stage_facts(stage, index: int, count: int, memory: float | None = None) -> StageFacts:
+    """What one stage means: its quantities per step, its weights' staleness and its memory, in lines, and
+    what the doctor suggests (``doctor_advice``; ``memory``: the budget in bytes, else the device's)."""
     from trivium.algorithm.presets import get_preset
 
     cfg = stage.config
@@ -196,14 +199,65 @@ def stage_facts(stage, index: int, count: int) -> StageFacts:
     shards = t.world_size if STRATEGIES.get(t.strategy).shards_parameters else 1
     precision = trainer_precision(cfg) if trains else None
     autocast = precision is not None and precision.name in ("bf16", "fp16")
-    est = estimate(shape, shapes, cfg.model.dtype, engine_dtype(cfg), shards, autocast)
+
+    def estimate_with(s: Shapes, rollout_dtype: str | None = None, shards: int = shards) -> Estimate:
+        est = estimate(shape, s, cfg.model.dtype, rollout_dtype or engine_dtype(cfg), shards, autocast)
+        if not trains:  # the engine takes the policy over (no copy): its weights, KV cache and prefill only
+            est.parts.pop("trainer")
+            est.steady, est.train_transient, est.heap = est.parts["rollout"]["weights"], 0.0, 0.0
+        return est
+
+    est = estimate_with(shapes)
     if precision is not None:
         lines.append(f"  precision    {precision.describe(t.precision)}")
-    if not trains:  # the engine takes the policy over (no copy): its weights, KV cache and prefill only
-        est.parts.pop("trainer")
-        est.steady, est.train_transient, est.heap = est.parts["rollout"]["weights"], 0.0, 0.0
     lines += memory_lines(shape, shapes, est, cfg)
-    return StageFacts(stage.name, lines, shapes, est, total)
+
+    def in_flight_at(concurrency: int) -> int:
+        return _shapes(
+            cfg, preset, shape, model, tokenizer, batch, fullest_rows, explores, concurrency
+        ).in_flight
+
+    where = f"stages.{index}." if count > 1 else ""  # a stage's own section wins over the top level's
+    advice, advice_lines = _advice(
+        cfg, shapes, est, estimate_with, model, trains, memory, in_flight_at, where
+    )
+    return StageFacts(stage.name, lines + advice_lines, shapes, est, total, advice)
+
+
+def _advice(
+    cfg, shapes, est, estimate_with, model, trains, memory, in_flight_at, where
+) -> tuple[list, list[str]]:
+    """The doctor's suggestions for the stage (``doctor_advice``), each setting as the path ``--set`` takes
+    (``where``: ``stages.<i>.`` in a run of several stages), and their lines."""
+    from trivium.config.schema import LoraConfig
+    from trivium.launch.doctor_advice import FILL, advise, memory_budget
+    from trivium.models.bf16 import native_bf16
+    from trivium.models.loading import resolve_device
+
+    device = resolve_device(cfg.model.device)
+    budget = memory_budget(device, memory)
+    advice = advise(
+        cfg,
+        shapes,
+        estimate_with,
+        budget,
+        native_bf16(device),
+        lambda: lora_params(model, LoraConfig()),
+        trains,
+        in_flight_at,
+    )
+    advice = [dataclasses.replace(a, setting=where + a.setting) if a.setting else a for a in advice]
+    lines = [f"  advice       {a.line()}" for a in advice]
+    if budget is None:
+        lines.append(
+            "  advice       memory: this machine's memory could not be read; pass --memory SIZE to check a plan"
+        )
+    elif all(a.setting == where + "trainer.precision" for a in advice):
+        lines.append(
+            f"  advice       memory: fits, the estimated peak {mib(est.peak)} is {est.peak / budget.bytes:.0%} of "
+            f"{mib(budget.bytes)} ({budget.source}; the doctor keeps a plan within {FILL:.0%})"
+        )
+    return advice, lines
 
 
 def _batch_lines(cfg, tokenizer, explores: bool) -> tuple[_Batch, list[str]]:
@@ -320,21 +374,33 @@ def _staleness_lines(cfg) -> list[str]:
     ]
 
 
-def _shapes(cfg, preset, shape, model, tokenizer, batch: _Batch, fullest_rows: int, explores: bool) -> Shapes:
+def _shapes(
+    cfg,
+    preset,
+    shape,
+    model,
+    tokenizer,
+    batch: _Batch,
+    fullest_rows: int,
+    explores: bool,
+    concurrency: int = 0,
+) -> Shapes:
     """What the memory estimate sizes: the fullest pass, the sequences sampled at once (a step's tasks or
-    an evaluation's), the trainable and frozen copies of the model."""
+    an evaluation's), the trainable and frozen copies of the model. ``concurrency``: size it with this
+    ``explorer.max_concurrency`` instead of the config's (the doctor's advice)."""
     b, r, a = cfg.buffer, cfg.explorer.rollout, cfg.algorithm
     needs_ref = a.kl_loss.coef > 0 or a.kl_penalty.coef > 0 or preset.needs_reference
     needs_ref = needs_ref or preset.offline_data == "preference"
     trainable = lora_params(model, cfg.model.lora) if cfg.model.lora is not None else shape.params
     in_flight = 0  # sequences the engine samples at once: a step's tasks, or an evaluation's
+    concurrency = concurrency or cfg.explorer.max_concurrency
     if explores and b.taskset is not None and cfg.mode != "train":
-        tasks = cfg.explorer.max_concurrency or b.batch_size
+        tasks = concurrency or b.batch_size
         in_flight = min(tasks, b.batch_size) * b.taskset.repeat_times
     rollout_seq = batch.seq if in_flight else 0
     for ts in b.eval_tasksets:
         n, prompt = longest_prompt(ts, tokenizer, cfg.seed)
-        in_flight = max(in_flight, min(cfg.explorer.max_concurrency or n, n) * cfg.explorer.eval.repeat_times)
+        in_flight = max(in_flight, min(concurrency or n, n) * cfg.explorer.eval.repeat_times)
         rollout_seq = max(rollout_seq, prompt + r.max_tokens)
     in_driver = PLACEMENTS.get(cfg.cluster.backend).engines_in_driver
     return Shapes(
@@ -411,9 +477,10 @@ def memory_lines(shape: ModelShape, shapes: Shapes, est: Estimate, cfg) -> list[
     return lines
 
 
-def explain(run_cfg) -> tuple[str, list[StageFacts]]:
-    """The doctor's text for a loaded ``RunConfig`` and the facts it is made from."""
-    facts = [stage_facts(s, i, len(run_cfg.stages)) for i, s in enumerate(run_cfg.stages)]
+def explain(run_cfg, memory: float | None = None) -> tuple[str, list[StageFacts]]:
+    """The doctor's text for a loaded ``RunConfig`` and the facts it is made from; ``memory``: the budget in
+    bytes the advice plans for (``--memory``), else the trainer's device's."""
+    facts = [stage_facts(s, i, len(run_cfg.stages), memory) for i, s in enumerate(run_cfg.stages)]
     text = "\n\n".join("\n".join(f.lines) for f in facts)
     peaks = [f.estimate.peak for f in facts if f.estimate is not None]
     if peaks:

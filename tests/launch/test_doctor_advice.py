@@ -1,0 +1,128 @@
+"""`trivium doctor`'s advice: each suggestion, applied to the config, gives a plan the doctor says fits, and one
+row a pass more would not; where nothing fits it says so; the precision it suggests follows the hardware."""
+
+import dataclasses
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from trivium.cli import main as cli
+from trivium.launch.config_doctor import explain
+from trivium.launch.doctor_advice import FILL, Budget, advise, parse_size
+from trivium.launch.memory_estimate import ModelShape, Shapes, estimate
+from trivium.validation import load_config
+
+REPO = Path(__file__).resolve().parents[2]
+QUICKSTART = REPO / "examples" / "quickstart" / "grpo_word_problems.yaml"
+MiB = 2**20
+
+
+def grpo(memory: float, *overrides: str):
+    """The quickstart's GRPO stage (stages.1) as the doctor sees it with ``memory`` bytes: (facts, its
+    advice by setting, without the stage prefix); ``overrides`` are its own settings."""
+    changes = [f"stages.1.{kv}" for kv in overrides]
+    _, (_, facts) = explain(load_config(QUICKSTART, changes), memory)
+    assert all(a.setting.startswith("stages.1.") for a in facts.advice if a.setting)  # what --set takes
+    return facts, {a.setting.removeprefix("stages.1.") if a.setting else None: a.value for a in facts.advice}
+
+
+def test_sizes_are_read_in_powers_of_1024_and_a_bad_one_is_named():
+    assert parse_size("24GiB") == parse_size("24G") == parse_size("24 gb") == 24 * 2**30
+    assert (
+        parse_size("512MiB") == 512 * MiB and parse_size("1.5T") == 1.5 * 2**40 and parse_size("4096") == 4096
+    )
+    for bad in ("lots", "-1G", "0", "12 parsecs"):
+        with pytest.raises(ValueError, match="--memory"):
+            parse_size(bad)
+
+
+def test_a_lower_micro_batch_is_suggested_that_fits_where_one_more_row_would_not():
+    full, advice = grpo(1e12)
+    assert advice == {} and "advice       memory: fits" in "\n".join(full.lines)
+    # a budget that the training pass overruns and sampling does not: fewer rows a pass is the fix
+    limit = full.estimate.peak - 3 * MiB
+    _, advice = grpo(limit / FILL)
+    rows = advice["trainer.micro_batch_size"]
+    assert list(advice) == ["trainer.micro_batch_size"] and 1 <= rows < full.shapes.rows_per_micro
+    fixed, again = grpo(limit / FILL, f"trainer.micro_batch_size={rows}")
+    assert again == {} and fixed.estimate.peak <= limit  # applied, the doctor has nothing more to say
+    assert grpo(limit / FILL, f"trainer.micro_batch_size={rows + 1}")[0].estimate.peak > limit
+
+
+def test_when_sampling_is_the_larger_part_fewer_tasks_at_once_are_suggested_with_the_rows_that_fit():
+    _, advice = grpo(100 * MiB)
+    assert set(advice) == {"explorer.max_concurrency", "trainer.micro_batch_size"}
+    tasks, rows = advice["explorer.max_concurrency"], advice["trainer.micro_batch_size"]
+    fixed, again = grpo(100 * MiB, f"explorer.max_concurrency={tasks}", f"trainer.micro_batch_size={rows}")
+    assert again == {} and fixed.estimate.peak <= FILL * 100 * MiB
+    # twice the tasks would not fit at any micro-batch: the largest count that fits was chosen
+    doubled, _ = grpo(100 * MiB, f"explorer.max_concurrency={2 * tasks}", "trainer.micro_batch_size=1")
+    assert doubled.estimate.peak > FILL * 100 * MiB
+
+
+def test_where_nothing_fits_the_doctor_says_so_with_the_floor():
+    facts, _ = grpo(40 * MiB)
+    (finding,) = facts.advice
+    assert (
+        finding.setting is None and "nothing here fits" in finding.line() and "at 1 row a pass" in finding.why
+    )
+
+
+def test_fp32_on_hardware_with_native_bf16_gets_auto_suggested(monkeypatch):
+    monkeypatch.setenv("TRIVIUM_FAST_BF16", "1")
+    assert grpo(1e12, "trainer.precision=fp32")[1] == {"trainer.precision": "auto"}
+    assert grpo(1e12)[1] == {}  # auto already
+    monkeypatch.setenv("TRIVIUM_FAST_BF16", "0")
+    assert grpo(1e12, "trainer.precision=fp32")[1] == {}
+
+
+# The Qwen2.5-0.5B shape (benchmarks/ladder.py's largest rung), 8 rows of 1k tokens a pass, trained alone.
+SHAPE = ModelShape(params=494_032_768, layers=24, hidden=896, heads=14, kv_heads=2, head_dim=64,
+                   intermediate=4864, vocab=151_936, tied=True)  # fmt: skip
+SHAPES = Shapes(experiences=64, rows_per_micro=8, seq_len=1024, loss_tokens=512, in_flight=0, rollout_seq=0,
+                trainable=SHAPE.params, frozen_copies=0, rollout_engine=False, head_chunk=256)  # fmt: skip
+
+
+def stage(device="cpu", lora=None):
+    return SimpleNamespace(
+        trainer=SimpleNamespace(precision="auto", strategy="single"),
+        model=SimpleNamespace(device=device, dtype="float32", lora=lora),
+        explorer=SimpleNamespace(max_concurrency=0, rollout=SimpleNamespace(dtype=None)),
+        buffer=SimpleNamespace(batch_size=8),
+    )
+
+
+def with_changes(shapes, rollout_dtype=None, shards=1):
+    return estimate(SHAPE, shapes, "float32", rollout_dtype or "float32", shards)
+
+
+def lora_adapters():
+    return 8_798_208  # rank 16 on every linear layer of the shape above
+
+
+def test_a_model_whose_optimizer_state_does_not_fit_gets_lora_on_cpu_and_fsdp2_on_gpus():
+    one_row = with_changes(dataclasses.replace(SHAPES, rows_per_micro=1)).peak
+    budget = Budget(one_row * 0.9 / FILL, "a test")  # even one row a pass is over
+    lora_peak = with_changes(dataclasses.replace(SHAPES, rows_per_micro=1, trainable=lora_adapters())).peak
+    assert lora_peak < FILL * budget.bytes  # the case: full fine-tuning cannot fit, LoRA can
+    advice = advise(stage(), SHAPES, with_changes, budget, (False, ""), lora_adapters, True)
+    assert [a.setting for a in advice] == ["model.lora", "trainer.micro_batch_size"]
+    rows = advice[1].value
+    lora = dataclasses.replace(SHAPES, trainable=lora_adapters())
+    assert with_changes(dataclasses.replace(lora, rows_per_micro=rows)).peak <= FILL * budget.bytes
+    assert with_changes(dataclasses.replace(lora, rows_per_micro=rows + 1)).peak > FILL * budget.bytes
+    # on GPUs (LoRA already on): weights, gradients and optimizer state sharded by FSDP2 over the fewest GPUs
+    gpu = advise(stage("cuda", lora=object()), SHAPES, with_changes, budget, (False, ""), lora_adapters, True)
+    assert gpu[0].setting == "trainer.strategy" and "trainer.world_size 2" in gpu[0].why
+    rows = gpu[1].value if len(gpu) > 1 else SHAPES.rows_per_micro
+    assert (
+        with_changes(dataclasses.replace(SHAPES, rows_per_micro=rows), shards=2).peak <= FILL * budget.bytes
+    )
+
+
+def test_the_cli_takes_memory_and_names_a_bad_size(capsys):
+    assert cli(["doctor", str(QUICKSTART), "--memory", "100MiB"]) == 0
+    assert "set stages.1.explorer.max_concurrency" in capsys.readouterr().out
+    assert cli(["doctor", str(QUICKSTART), "--memory", "lots"]) == 2
+    assert "--memory 'lots' is not a size" in capsys.readouterr().err
