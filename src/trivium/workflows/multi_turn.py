@@ -146,7 +146,7 @@ class MultiTurnWorkflow(Workflow):
             live = [e for e in live if not e.done]
             if not live:
                 break
-            media = [_prompt_images(e.transcript) for e in live]
+            media = [prompt_images(e.transcript) for e in live]
             generations = model.generate_many(
                 [e.transcript.ids for e in live], media=media if any(media) else None, n=1
             )
@@ -383,7 +383,7 @@ def _is_image_part(part: Any) -> bool:
     return isinstance(part, Mapping) and part.get("type") == "image"
 
 
-def _prompt_images(transcript: Transcript):
+def prompt_images(transcript: Transcript):
     """The engine inputs of the transcript's images, or None without images."""
     return transcript.vision.prompt_images(transcript.images) if transcript.images else None
 

@@ -44,7 +44,7 @@ from trivium.types import Experience, Task
 from trivium.workflows.multi_turn import (
     Episode,
     StepWiseWorkflow,
-    _prompt_images,
+    prompt_images,
     require_stable_template,
 )
 from trivium.workflows.registry import register_workflow
@@ -152,7 +152,7 @@ class ReflectRetryWorkflow(StepWiseWorkflow):
             ready.append((base, retry, d))
         if not ready:
             return []
-        media = [_prompt_images(r.transcript) for _, r, _ in ready]
+        media = [prompt_images(r.transcript) for _, r, _ in ready]
         candidates = model.generate_many(
             [r.transcript.ids for _, r, _ in ready], media=media if any(media) else None, n=self.candidates
         )
