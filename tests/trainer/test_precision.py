@@ -240,6 +240,7 @@ def test_a_measurement_is_kept_so_that_every_run_on_a_machine_decides_the_same(m
     kept = tmp_path / "cache" / "precision_probe.json"
     monkeypatch.setenv("TRIVIUM_FAST_BF16", "1")
     monkeypatch.setenv("TRIVIUM_PROBE_CACHE", str(kept))
+    monkeypatch.setenv("TRIVIUM_PROBE_MAX_LOAD", "1e9")  # the test suite's own load must not decide it
     runs = []
 
     def probe(ratio, key="model pass X"):
@@ -281,7 +282,7 @@ def test_runs_started_together_measure_once_and_all_decide_the_same(tmp_path):
         "    return float(sys.argv[1])\n"
         "print(remembered_speedup('model pass Z', torch.device('cpu'), measure)[0])\n"
     )
-    env = {**os.environ, "TRIVIUM_PROBE_CACHE": str(kept)}
+    env = {**os.environ, "TRIVIUM_PROBE_CACHE": str(kept), "TRIVIUM_PROBE_MAX_LOAD": "1e9"}
     procs = [
         subprocess.Popen([sys.executable, "-c", code, ratio], env=env, stdout=subprocess.PIPE, text=True)
         for ratio in ("1.1", "1.3", "1.5")
@@ -289,3 +290,19 @@ def test_runs_started_together_measure_once_and_all_decide_the_same(tmp_path):
     ratios = {float(p.communicate(timeout=120)[0].strip()) for p in procs}
     assert len(ratios) == 1, ratios  # one measurement, whichever process took the lock first
     assert len(json.loads(kept.read_text())) == 1
+
+
+def test_a_measurement_taken_on_a_busy_machine_is_used_but_not_kept(monkeypatch, tmp_path):
+    """Under load the quickstart's model measured bf16 at 0.59x fp32 (1.95x idle); kept, that would hold every
+    later run there on fp32. A busy machine's measurement decides this run only."""
+    from trivium.trainer.precision import Probe
+
+    kept = tmp_path / "precision_probe.json"
+    monkeypatch.setenv("TRIVIUM_FAST_BF16", "1")
+    monkeypatch.setenv("TRIVIUM_PROBE_CACHE", str(kept))
+    monkeypatch.setenv("TRIVIUM_PROBE_MAX_LOAD", "-1")  # any load average is above it: busy
+    busy = choose_precision("auto", CPU, probe=Probe("the test's pass", lambda: 0.6, "model pass B"))
+    assert busy.name == "fp32" and "not kept: the machine was busy" in busy.reason and not kept.exists()
+    monkeypatch.setenv("TRIVIUM_PROBE_MAX_LOAD", "1e9")
+    idle = choose_precision("auto", CPU, probe=Probe("the test's pass", lambda: 1.9, "model pass B"))
+    assert idle.name == "bf16" and "so that later runs here decide the same" in idle.reason and kept.exists()

@@ -13,6 +13,11 @@ slowing each other down: on the 2-core machine three such runs of one model deci
 So the read, the measurement and the write happen under an exclusive lock on a file beside the cache
 (``fcntl.flock``, POSIX): the first run measures alone, the others wait for it and read what it kept.
 
+A measurement taken while the machine is busy (the 1-minute load average above ``TRIVIUM_PROBE_MAX_LOAD``,
+by default the CPU count: other processes compete for the cores the probe times) is used for this run and
+not kept: under load the same model's pass measured bf16 at 0.59x fp32 (1.95x when idle), and keeping that
+would fix every later run there on fp32.
+
 Where: ``TRIVIUM_PROBE_CACHE`` (a file path; ``0`` turns keeping off, as the test suite does), else
 ``$XDG_CACHE_HOME/trivium/precision_probe.json``, else ``~/.cache/trivium/precision_probe.json``.
 """
@@ -83,12 +88,30 @@ def remembered_speedup(key: str, device: torch.device, measure: Callable[[], flo
                 f"measured on this machine on {entry.get('date', '?')}, kept in {path}; delete it to measure again"
             )
         ratio = measure()
+        busy = _busy()
+        if busy:
+            return ratio, f"measured at start, not kept: {busy}; a later run measures again"
         kept[full_key] = {"speedup": ratio, "date": time.strftime("%Y-%m-%d")}
         try:
             write_atomically(path, json.dumps(kept, indent=1, sort_keys=True))  # another run may read it now
             return ratio, f"measured at start, kept in {path} so that later runs here decide the same"
         except OSError as error:  # a read-only home: decide by this measurement alone
             return ratio, f"measured at start (not kept: {error.strerror or error})"
+
+
+def _busy() -> str:
+    """Why a measurement should not be kept ('' when the machine looks idle enough): the load average."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average (Windows): keep it
+        return ""
+    cpus = os.cpu_count() or 1
+    limit = float(os.environ.get("TRIVIUM_PROBE_MAX_LOAD") or cpus)
+    return (
+        f"the machine was busy (load average {load:.1f} on {cpus} CPUs, above {limit:g})"
+        if load > limit
+        else ""
+    )
 
 
 @contextlib.contextmanager
