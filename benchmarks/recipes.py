@@ -3,6 +3,7 @@
     python benchmarks/recipes.py stale                 # M2PO vs truncated IS vs none, explorer 3 steps ahead
     python benchmarks/recipes.py gigpo                 # GiGPO vs step-wise GRPO on FrozenLake, a move a turn
     python benchmarks/recipes.py r3l                   # reflect-and-retry vs step-wise GRPO on FrozenLake
+    python benchmarks/recipes.py ask                   # Learn-to-Ask from logs vs online GRPO with a user
     python benchmarks/recipes.py stale --seeds 0 --steps 20   # shorter
 
 ``stale``: the quickstart's GRPO stage (32 tasks x 8 samples a step, 100 steps) from its SFT checkpoint,
@@ -21,6 +22,9 @@ only in the advantage: ``step_wise_grpo`` or ``gigpo``.
 diagnosed by the environment and retried from the mistaken move, ``--candidates`` samples of that move,
 pivotal credit), with the positive advantages as they are (``retry``) and doubled (``r3l``:
 ``advantage_args: {positive_scale: 2}``). Evaluation plays the held-out maps with ``multi_turn``: no retries.
+
+``ask``: Learn-to-Ask from a noisy expert's logged dialogues against online GRPO with a simulated user, both
+from an SFT model of the logs (``recipe_ask.py``).
 
 The SFT checkpoints are trained once into ``--work`` (default ``benchmarks/workdir``) and reused; ``--model``
 starts from another. The runs of one seed go side by side, one thread each (their wall times are not a
@@ -46,6 +50,7 @@ RESULTS = REPO / "benchmarks" / "results"
 AGENTS = REPO / "examples" / "agents"
 sys.path.insert(0, str(REPO / "benchmarks"))
 import quickstart_grpo  # noqa: E402
+import recipe_ask  # noqa: E402
 import selection  # noqa: E402
 from curves import plot_variants  # noqa: E402
 
@@ -146,8 +151,9 @@ RECIPES = {
     "stale": (lambda a: stale_variants(a.offset), stale_config, "eval/test/accuracy"),
     "gigpo": (lambda a: gigpo_variants(a.discount), gigpo_config, "eval/test/success"),
     "r3l": (lambda a: r3l_variants(a.discount, a.candidates), gigpo_config, "eval/test/success"),
+    "ask": (lambda a: recipe_ask.variants(), recipe_ask.config, "eval/test/success"),
 }
-DEFAULT_STEPS = {"stale": 100, "gigpo": 40, "r3l": 40}
+DEFAULT_STEPS = {"stale": 100, "gigpo": 40, "r3l": 40, "ask": 40}
 EXTRA = {  # per-step training metrics worth a column: name in the table -> metric
     "stale": {"staleness": "staleness/mean", "masked (m2po)": "m2po/masked_fraction"},
     "gigpo": {"rollout success": "rollout/success", "turns in anchor groups": "gigpo/turns_in_anchor_groups"},
@@ -156,6 +162,11 @@ EXTRA = {  # per-step training metrics worth a column: name in the table -> metr
         "episodes failed": "rollout/reflect/failed",
         "failed retried": "rollout/reflect/retried",
         "retry success": "rollout/retry/success",
+    },
+    "ask": {  # eval/...: the last evaluation's value, not the run's mean
+        "train reward": "rollout/reward_mean",
+        "asked first (end)": "eval/test/asked_first",
+        "needless questions (end)": "eval/test/needless",
     },
 }
 
@@ -174,8 +185,11 @@ def collect(proc: subprocess.Popen, t0: float, path: Path, folder: Path, metric:
     steps = [r for r in records if "train/loss" in r]
     extra = {}
     for label, key in EXTRA[recipe].items():
-        values = [r[key] for r in steps if key in r]
-        extra[label] = sum(values) / len(values) if values else None
+        values = [r[key] for r in (records if key.startswith("eval/") else steps) if key in r]
+        if key.startswith("eval/"):  # the end of the run
+            extra[label] = values[-1] if values else None
+        else:
+            extra[label] = sum(values) / len(values) if values else None
     return {
         "steps": len(steps),
         "curve": [(r["step"], r[metric]) for r in records if metric in r],
@@ -218,6 +232,8 @@ def main() -> int:
         model = Path(args.model).resolve()
     elif args.recipe == "stale":
         model = selection.sft_model(work, 800)
+    elif args.recipe == "ask":
+        model = recipe_ask.sft(work)
     else:
         model = frozenlake_sft(work)
     make_variants, write_config, metric = RECIPES[args.recipe]
@@ -310,6 +326,7 @@ def plot(rows: list[dict], names: list[str], args, metric: str, out: Path) -> No
         "stale": f"explorer {getattr(args, 'offset', '?')} steps ahead",
         "gigpo": "FrozenLake, step_wise",
         "r3l": "FrozenLake, reflect and retry",
+        "ask": "asking for a missing number",
     }
     title = f"benchmarks/recipes.py {args.recipe} ({what.get(args.recipe, '')})"
     plot_variants(rows, names, "variant", f"greedy {metric}", title, out)

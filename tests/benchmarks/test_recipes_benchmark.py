@@ -46,6 +46,11 @@ def test_every_variant_of_every_recipe_is_a_valid_run(recipes, tiny_model_dir, t
             assert cfg.algorithm.algorithm_type == change["algorithm"]["algorithm_type"]
             if recipe == "stale":
                 assert cfg.synchronizer.sync_offset == (0 if name == "on-policy" else 2)
+            elif (
+                recipe == "ask"
+            ):  # offline turns of the logs, or episodes with the user; evaluated with the user
+                assert cfg.buffer.taskset.workflow == change["taskset"]["workflow"]
+                assert cfg.buffer.eval_tasksets[0].workflow_args["env"] == "ask_user"
             else:
                 assert cfg.buffer.taskset.workflow == change.get("workflow", "step_wise")
                 assert cfg.buffer.taskset.workflow_args["discount"] == 0.9

@@ -130,7 +130,11 @@ ENVIRONMENTS: Registry[type[Environment]] = Registry(
     "environment",
     doc="an Environment subclass: Class(**env_args) with reset(task) and step(text)",
     check=subclass_of(Environment),
-    builtins=["trivium.envs.frozenlake", "trivium.envs.tool_env"],  # (frozenlake imports gymnasium)
+    builtins=[
+        "trivium.envs.ask_user",
+        "trivium.envs.frozenlake",
+        "trivium.envs.tool_env",
+    ],  # (frozenlake imports gymnasium)
 )
 
 

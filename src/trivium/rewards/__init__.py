@@ -1,5 +1,6 @@
 """Reward functions, looked up by name; importing this package registers the built-in ones."""
 
+from trivium.rewards import ask as _ask  # noqa: F401  (registers "ask")
 from trivium.rewards import code as _code  # noqa: F401  (registers "code")
 from trivium.rewards import countdown as _countdown  # noqa: F401  (registers "countdown")
 from trivium.rewards import format as _format  # noqa: F401  (registers "format")

@@ -24,7 +24,7 @@ WORKFLOWS: Registry[type] = Registry(
     check=_is_workflow,
     builtins=[
         f"trivium.workflows.{m}"
-        for m in ("agent", "code", "countdown", "math", "multi_turn", "reflect_retry", "vision")
+        for m in ("agent", "code", "countdown", "dialogue", "math", "multi_turn", "reflect_retry", "vision")
     ],
 )
 
