@@ -1,6 +1,6 @@
 """Word problems with a missing number, for learning to ask (the ``learn_to_ask`` recipe, docs/recipes.md).
 
-A problem is a start and one step, ``Leo has 8 apples. Leo wins 3 more apples. How many apples does Leo have
+A problem is a start (6-20) and one step (1-9), ``Leo has 8 apples. Leo wins 3 more apples. How many apples does Leo have
 now?``; a third of them hide the start (``Leo has some apples.``), a third the step's amount (``Leo wins some
 more apples.``). The right move is to ask for the missing number, ``How many apples does Leo have at
 first?`` or ``How many apples does Leo win?``, and answer once it is known, ``8+3=11`` then ``#### 11``; a
@@ -150,13 +150,13 @@ def generate_problems(n: int, seed: int) -> list[Problem]:
     for _ in range(n):
         start = rng.randint(6, 20)
         missing = rng.choice([None, "start", "step"])
-        out.append(
+        out.append(  # one-digit amounts: the arithmetic a 1M-parameter model gets right, so asking decides
             Problem(
                 rng.choice(NAMES),
                 rng.choice(ITEMS),
                 start,
                 rng.randrange(len(VERBS)),
-                rng.randint(1, start - 1),
+                rng.randint(1, min(9, start - 1)),
                 missing,
             )
         )
