@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import ClassVar
 
 import pytest
 
@@ -56,12 +57,15 @@ class EvenEnv(Environment):
     """
 
     created = 0
+    instances: ClassVar[list] = []  # every one made, to check that each was closed
 
     def __init__(self, drift: bool = False, unavoidable: bool = False):
         self.drift, self.unavoidable = drift, unavoidable
         self.index = EvenEnv.created
         EvenEnv.created += 1
+        EvenEnv.instances.append(self)
         self.taken = 0
+        self.closed = False
 
     def reset(self, task):
         return f"Start {task.data['n']}" + (f" #{self.index}" if self.drift else "")
@@ -73,6 +77,9 @@ class EvenEnv(Environment):
         win = float(len(action) % 2 == 0)
         return StepResult(reward=win, done=True, info={"success": win})
 
+    def close(self):
+        self.closed = True
+
     def diagnose(self, actions):
         repeats = (lambda text: True) if self.unavoidable else (lambda text: len(text) % 2 == 1)
         return Diagnosis(1, "the second turn's text had an odd length", repeats=repeats)
@@ -81,4 +88,5 @@ class EvenEnv(Environment):
 @pytest.fixture(autouse=True)
 def _reset_counter():
     CountdownEnv.created = EvenEnv.created = 0
+    EvenEnv.instances = []
     yield

@@ -4,6 +4,7 @@ import logging
 
 import pytest
 import torch
+from tests.workflows.conftest import EvenEnv
 from tests.workflows.test_multi_turn import ENV as COUNTDOWN
 from tests.workflows.test_multi_turn import engine, handle, task  # noqa: F401 - the module's engine fixture
 
@@ -84,9 +85,9 @@ def test_a_retry_is_not_made_when_the_replay_differs_or_no_candidate_avoids_the_
     failed = [e for e in exps if e.metrics["reflect/failed"] == 1.0]
     assert failed and all(e.metrics["reflect/not_retried"] == 1.0 for e in failed)
     rec, exps = run(engine, env_args={"unavoidable": True})
-    assert (
-        max(e.run_index for e in exps) < N and len(rec.calls) == 3
-    )  # the candidates were sampled, none kept
+    assert max(e.run_index for e in exps) < N
+    assert len(rec.calls) == 3  # the candidates were sampled, none kept
+    assert all(env.closed for env in EvenEnv.instances)  # the retries not played were closed too
 
 
 def test_an_environment_without_diagnose_trains_like_step_wise(engine):  # noqa: F811

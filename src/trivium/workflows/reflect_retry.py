@@ -125,6 +125,7 @@ class ReflectRetryWorkflow(StepWiseWorkflow):
                 )
         except Exception as exc:
             log.warning("task %s run %d: diagnose failed, not retried: %r", task.task_id, e.run_index, exc)
+            self._not_retried(task, e, f"diagnose failed: {exc!r}")
             return None
         if d is None:
             self._not_retried(task, e, "no diagnosis")
@@ -144,6 +145,7 @@ class ReflectRetryWorkflow(StepWiseWorkflow):
             retry = self._start(task, model, first_run + j)
             why = self._replay(task, model, retry, base, d.turn)
             if why:
+                self._abandon(retry)
                 self._not_retried(task, base, why)
                 log.warning(
                     "task %s run %d: the retry could not be made: %s", task.task_id, base.run_index, why
@@ -162,6 +164,7 @@ class ReflectRetryWorkflow(StepWiseWorkflow):
             repeats = d.repeats or (lambda text, failed=failed_text: text.strip() == failed.strip())
             chosen = next((g for g in samples if not repeats(g.text)), None)
             if chosen is None:
+                self._abandon(retry)
                 self._not_retried(task, base, f"all {len(samples)} candidates repeat the mistake")
                 continue
             retry.first_turn = d.turn
@@ -180,6 +183,12 @@ class ReflectRetryWorkflow(StepWiseWorkflow):
                 base.first_turn = retry.first_turn
             out.append(retry)
         return out
+
+    def _abandon(self, retry: Episode) -> None:
+        """Close the environment of a retry that will not be played (a finished one is closed already)."""
+        if not retry.done:
+            retry.done, retry.reason = True, "abandoned"
+            self._close(retry)
 
     def _replay(self, task: Task, model: ModelHandle, retry: Episode, base: Episode, turns: int) -> str:
         """Put ``base``'s first ``turns`` model turns into ``retry`` (a fresh episode); '' or why it failed."""
