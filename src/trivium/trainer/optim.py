@@ -1,4 +1,5 @@
-"""AdamW and the learning-rate schedule (linear warm-up, then constant, cosine or linear decay)."""
+"""AdamW (fused where torch has the kernel) and the learning-rate schedule (linear warm-up, then constant,
+cosine or linear decay)."""
 
 from __future__ import annotations
 
@@ -15,13 +16,29 @@ if TYPE_CHECKING:
     from trivium.trainer.precision import Precision
 
 
+def adamw_implementation(params: list[torch.Tensor], asked: str) -> str:
+    """``trainer.optimizer_impl`` resolved for these parameters: ``auto`` is fused where torch has the fused
+    kernel for every parameter's device (and the parameters are floating point), else for_loop."""
+    if asked != "auto":
+        return asked
+    from torch.optim.optimizer import _get_fused_kernels_supported_devices
+
+    supported = set(_get_fused_kernels_supported_devices())
+    fusable = all(p.device.type in supported and torch.is_floating_point(p) for p in params)
+    return "fused" if params and fusable else "for_loop"
+
+
 def build_optimizer(params, cfg: TrainerConfig) -> torch.optim.Optimizer:
+    trainable = [p for p in params if p.requires_grad]
+    impl = adamw_implementation(trainable, cfg.optimizer_impl)
     return torch.optim.AdamW(
-        [p for p in params if p.requires_grad],
+        trainable,
         lr=cfg.lr,
         betas=tuple(cfg.betas),
         eps=1e-8,
         weight_decay=cfg.weight_decay,
+        foreach=impl == "foreach",
+        fused=impl == "fused" or None,
     )
 
 
