@@ -46,7 +46,7 @@ BENCH = REPO / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 sys.path.insert(0, str(REPO))
-from ladder_parts import SHAPES, make_model, make_prompts  # noqa: E402
+from ladder_parts import SHAPES, make_model, make_prompts, qwen2_config  # noqa: E402
 from tests.launch.peak_rss import measure  # noqa: E402  (the doctor test's measure of peak tensor memory)
 
 # rung: (shape, prompt tokens, response tokens, prompts per step, group size)
@@ -87,20 +87,11 @@ def matmul_rate() -> dict[str, float]:
 def shape_numbers(shape: str) -> dict[str, int]:
     """Parameters (all, and without the tied embedding) of a shape, counted on the meta device."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM
 
-    hidden, layers, heads, kv, inter, vocab = SHAPES[shape]
-    cfg = Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=inter,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv,
-        tie_word_embeddings=True,
-    )
+    hidden, layers, _, _, _, vocab = SHAPES[shape]
     with torch.device("meta"):
-        params = sum(p.numel() for p in Qwen2ForCausalLM(cfg).parameters())
+        params = sum(p.numel() for p in Qwen2ForCausalLM(qwen2_config(shape)).parameters())
     return {
         "params": params,
         "body": params - vocab * hidden,

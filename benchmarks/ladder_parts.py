@@ -33,6 +33,22 @@ SHAPES = {
 }
 
 
+def qwen2_config(shape: str):
+    """The transformers config of a SHAPES rung (tied embedding, like the tiny models and Qwen2.5-0.5B)."""
+    from transformers import Qwen2Config
+
+    hidden, layers, heads, kv, inter, vocab = SHAPES[shape]
+    return Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        tie_word_embeddings=True,
+    )
+
+
 def letter_reward(response: str, data: Mapping[str, Any]):
     """Share of the response's letters that are in a..m (0.5 for a response with no letters)."""
     from trivium.rewards.registry import RewardResult

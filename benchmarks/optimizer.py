@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from ladder_parts import SHAPES  # noqa: E402
+from ladder_parts import SHAPES, qwen2_config  # noqa: E402
 
 IMPLS = ["for_loop", "foreach", "fused"]
 RESULTS = REPO / "benchmarks" / "results"
@@ -34,20 +34,10 @@ RESULTS = REPO / "benchmarks" / "results"
 
 def random_model(shape: str):
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM
 
-    hidden, layers, heads, kv, inter, vocab = SHAPES[shape]
-    config = Qwen2Config(
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv,
-        intermediate_size=inter,
-        vocab_size=vocab,
-        tie_word_embeddings=True,
-    )
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config)
+    model = Qwen2ForCausalLM(qwen2_config(shape))
     for p in model.parameters():
         p.grad = torch.randn_like(p) * 1e-3
     return model
