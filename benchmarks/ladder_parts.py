@@ -49,6 +49,17 @@ def qwen2_config(shape: str):
     )
 
 
+def publish(name: str, text: str, data, write: bool = True) -> None:
+    """Print a benchmark's table and, unless ``write`` is off, keep it with its data as
+    benchmarks/results/NAME.md and NAME.json."""
+    print(text)
+    if write:
+        results = Path(__file__).resolve().parent / "results"
+        results.mkdir(parents=True, exist_ok=True)
+        (results / f"{name}.md").write_text(text)
+        (results / f"{name}.json").write_text(json.dumps(data, indent=1) + "\n")
+
+
 def letter_reward(response: str, data: Mapping[str, Any]):
     """Share of the response's letters that are in a..m (0.5 for a response with no letters)."""
     from trivium.rewards.registry import RewardResult

@@ -33,21 +33,16 @@ SETTINGS = [
 ]
 
 
-def one_setting(model_dir: str, micro: int, budget: int, steps: int) -> dict:
+def random_grpo_batch(vocab: int, rows: int = 64, group: int = 8, seed: int = 1) -> list:
+    """``rows`` experiences in groups of ``group``: 60-80 random prompt tokens, 60-128 answer tokens, 0/1
+    rewards (a train step's cost does not depend on what the tokens say)."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    from trivium.config.schema import AlgorithmConfig, TrainerConfig
-    from trivium.trainer.spec import AlgorithmSpec
-    from trivium.trainer.trainer import Trainer
-    from trivium.types import Experience, collate
+    from trivium.types import Experience
 
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    vocab = model.config.vocab_size
-    gen = torch.Generator().manual_seed(1)
+    gen = torch.Generator().manual_seed(seed)
     experiences = []
-    for i in range(64):
+    for i in range(rows):
         prompt = int(torch.randint(60, 80, (1,), generator=gen))
         answer = int(torch.randint(60, 129, (1,), generator=gen))
         experiences.append(
@@ -57,9 +52,24 @@ def one_setting(model_dir: str, micro: int, budget: int, steps: int) -> dict:
                 action_mask=torch.ones(answer, dtype=torch.bool),
                 logprobs=torch.full((answer,), -1.0),
                 reward=float(torch.randint(0, 2, (1,), generator=gen)),
-                group_id=i // 8,
+                group_id=i // group,
             )
         )
+    return experiences
+
+
+def one_setting(model_dir: str, micro: int, budget: int, steps: int) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trivium.config.schema import AlgorithmConfig, TrainerConfig
+    from trivium.trainer.spec import AlgorithmSpec
+    from trivium.trainer.trainer import Trainer
+    from trivium.types import collate
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    experiences = random_grpo_batch(model.config.vocab_size)
     tcfg = TrainerConfig(lr=1e-5, micro_batch_size=micro, max_tokens_per_micro_batch=budget, precision="fp32")
     spec = AlgorithmSpec.from_config(AlgorithmConfig(algorithm_type="grpo"))
     trainer = Trainer(model, tcfg, spec, pad_token_id=0, total_steps=steps + 1, max_response_length=128)

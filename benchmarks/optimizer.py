@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import platform
 import statistics
 import sys
@@ -26,10 +25,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from ladder_parts import SHAPES, qwen2_config  # noqa: E402
+from ladder_parts import SHAPES, publish, qwen2_config  # noqa: E402
 
 IMPLS = ["for_loop", "foreach", "fused"]
-RESULTS = REPO / "benchmarks" / "results"
 
 
 def random_model(shape: str):
@@ -101,11 +99,7 @@ def main() -> int:
         cells = " | ".join(f"{r['ms'][impl]:.1f} ({r['vs_for_loop'][impl]:.2f}x)" for impl in IMPLS)
         lines.append(f"| {r['shape']} | {r['params_m']:.1f}M | {cells} |")
     text = "\n".join(lines) + "\n"
-    print(text)
-    if not args.no_write:
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / "optimizer.md").write_text(text)
-        (RESULTS / "optimizer.json").write_text(json.dumps(rows, indent=1) + "\n")
+    publish("optimizer", text, rows, write=not args.no_write)
     return 0
 
 

@@ -6,21 +6,8 @@ import copy
 import pytest
 import torch
 from tests.trainer.test_trainer import make_trainer, sampled_experiences
-from transformers import AutoModelForCausalLM
 
 from trivium.trainer.guard import TrainingDiverged
-
-
-@pytest.fixture
-def policy(tiny_model_dir):
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-
-
-@pytest.fixture
-def tokenizer(tiny_model_dir):
-    from trivium.models.loading import load_tokenizer
-
-    return load_tokenizer(tiny_model_dir)
 
 
 def finite(model) -> bool:

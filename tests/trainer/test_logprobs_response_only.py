@@ -7,7 +7,6 @@ import dataclasses
 import pytest
 import torch
 from tests.trainer.test_trainer import make_trainer, sampled_experiences
-from transformers import AutoModelForCausalLM
 
 from trivium.config.schema import LoraConfig
 from trivium.models import lora
@@ -20,18 +19,6 @@ from trivium.trainer.logprobs import (
 )
 from trivium.trainer.parallel import micro_rows
 from trivium.types import collate
-
-
-@pytest.fixture
-def policy(tiny_model_dir):
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-
-
-@pytest.fixture
-def tokenizer(tiny_model_dir):
-    from trivium.models.loading import load_tokenizer
-
-    return load_tokenizer(tiny_model_dir)
 
 
 def count_head_rows(model):

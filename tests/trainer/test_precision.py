@@ -9,7 +9,6 @@ import os
 import pytest
 import torch
 from tests.trainer.test_trainer import sampled_experiences
-from transformers import AutoModelForCausalLM
 
 from trivium.config.schema import AlgorithmConfig, LoraConfig, TrainerConfig
 from trivium.models import lora
@@ -20,18 +19,6 @@ from trivium.trainer.trainer import Trainer
 from trivium.types import collate
 
 CPU = torch.device("cpu")
-
-
-@pytest.fixture
-def policy(tiny_model_dir):
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-
-
-@pytest.fixture
-def tokenizer(tiny_model_dir):
-    from trivium.models.loading import load_tokenizer
-
-    return load_tokenizer(tiny_model_dir)
 
 
 def trainer_for(model, precision, algorithm="grpo", sgd=False, **kw):

@@ -17,18 +17,6 @@ from trivium.trainer.trainer import Trainer
 from trivium.types import Experience
 
 
-@pytest.fixture
-def policy(tiny_model_dir):
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-
-
-@pytest.fixture
-def tokenizer(tiny_model_dir):
-    from trivium.models.loading import load_tokenizer
-
-    return load_tokenizer(tiny_model_dir)
-
-
 def sampled_experiences(model, tokenizer, n_prompts=4, group=4, seed=0):
     """Real rollouts from the engine, grouped, with rewards that vary inside each group."""
     engine = TransformersEngine(copy.deepcopy(model), tokenizer, device="cpu", dtype=torch.float32, seed=seed)

@@ -374,6 +374,11 @@ class TrainerConfig(StrictModel):
     """Mixed precision of the trainer's passes (fp32 master weights and optimizer state always): bf16 or
     fp16 autocast (fp16 with loss scaling, CUDA only), or fp32. auto: bf16 on CUDA with bf16 and on CPUs
     with AVX-512-BF16 or AMX, else fp32; check-config prints the choice and why. docs/performance.md."""
+    compile: bool = False
+    """torch.compile each decoder layer of the training model in place (checkpoints unchanged; the first
+    passes with and without gradients pay the compile, about a minute for a 25M model on 2 CPU cores).
+    Not applied under bf16's emulation on CPUs without bf16 instructions. benchmarks/compile.py measures
+    it; docs/performance.md has the figures."""
     max_abs_reward: float = Field(1e6, gt=0)
     """Experiences whose reward is non-finite or larger than this in magnitude are dropped before training
     (counted in train/dropped_experiences): one absurd reward must not poison the weights."""

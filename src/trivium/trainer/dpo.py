@@ -16,6 +16,7 @@ import torch
 from trivium.algorithm.aggregation import sequence_sums
 from trivium.algorithm.losses_preference import dpo_loss
 from trivium.config.schema import DpoConfig, TrainerConfig
+from trivium.trainer.compiling import compile_decoder_layers
 from trivium.trainer.guard import NumericGuard
 from trivium.trainer.logprobs import batched_logprobs, token_logprobs
 from trivium.trainer.model_io import export_weights, save_model
@@ -43,6 +44,8 @@ class DpoTrainer:
         self.precision = choose_precision(
             cfg.precision, self.device, next(model.parameters()).dtype, model_probe(model, self.device)
         )
+        if cfg.compile:
+            compile_decoder_layers(model, self.precision.name, self.device.type)
         self.optim = Optimization(model, cfg, precision=self.precision)
         self.optim.plan(total_steps)
         # an update with a non-finite or absurd gradient norm is skipped (optim.py); max_bad_steps in a row

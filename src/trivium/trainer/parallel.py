@@ -185,9 +185,12 @@ class FSDP2Parallel(_MultiRank):
         return get_model_state_dict(model, options=options)
 
 
-def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+def decoder_layers(
+    model: torch.nn.Module, setting: str = "trainer.strategy fsdp2", instead: str = "use strategy ddp for it"
+) -> list[torch.nn.Module]:
     """The repeated blocks of a Hugging Face model (``_no_split_modules``, e.g. Qwen2DecoderLayer), each of
-    which FSDP2 shards as one unit."""
+    which FSDP2 shards as one unit (and ``trainer.compile`` compiles). A model that names none is refused
+    for ``setting``, with what to do ``instead``."""
     from trivium.models.lora import base_model
 
     base = base_model(model)
@@ -195,8 +198,8 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     layers = [m for m in model.modules() if type(m).__name__ in names]
     if not layers:
         raise ValueError(
-            f"trainer.strategy fsdp2: {type(base).__name__} names no decoder layer class in "
-            "_no_split_modules, so there is nothing to shard layer by layer; use strategy ddp for it"
+            f"{setting}: {type(base).__name__} names no decoder layer class in _no_split_modules, so there "
+            f"is nothing to take layer by layer; {instead}"
         )
     return layers
 

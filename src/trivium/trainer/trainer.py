@@ -42,6 +42,7 @@ from trivium.algorithm.rewards_shaping import (
 from trivium.config.schema import OverlongPenaltyConfig, TrainerConfig
 from trivium.models.vision import VisionProcessor
 from trivium.monitor.phases import PhaseTimer
+from trivium.trainer.compiling import compile_decoder_layers
 from trivium.trainer.critic import Critic
 from trivium.trainer.guard import NumericGuard
 from trivium.trainer.logprobs import batched_logprobs, forward_logprobs, rows_by_length
@@ -115,6 +116,8 @@ class Trainer:
         if self.parallel.is_leader:
             log.info("%s", self.precision.describe(cfg.precision))
         self.model = self.parallel.wrap(model)
+        if cfg.compile:
+            compile_decoder_layers(self.model, self.precision.name, self.device.type)
         self.cfg = cfg
         self.algorithm = algorithm
         self._loss_rule = mini_batch_rule(POLICY_LOSS_FNS.get(algorithm.policy_loss_fn))
