@@ -5,7 +5,8 @@ final weights.
     python tests/trainer/parity_worker.py MODEL_DIR OUT STRATEGY RANK WORLD INIT [LORA]
 
 TRIVIUM_PARITY_DEVICE=cuda runs rank r on cuda:r with NCCL (scripts/gpu_scale_check.sh);
-TRIVIUM_PARITY_PRECISION (default fp32) sets trainer.precision.
+TRIVIUM_PARITY_PRECISION (default fp32) sets trainer.precision; TRIVIUM_PARITY_COMPILE=1 turns trainer.compile
+on (a check by hand: the compiled layers under ddp and fsdp2).
 """
 
 import datetime
@@ -95,7 +96,12 @@ def main(model_dir, out, strategy, rank, world, init, use_lora=""):
             )
         trainer = Trainer(
             model,
-            TrainerConfig(lr=1e-3, precision=os.environ.get("TRIVIUM_PARITY_PRECISION", "fp32"), **settings),
+            TrainerConfig(
+                lr=1e-3,
+                precision=os.environ.get("TRIVIUM_PARITY_PRECISION", "fp32"),
+                compile=os.environ.get("TRIVIUM_PARITY_COMPILE") == "1",
+                **settings,
+            ),
             spec,
             pad_token_id=0,
             total_steps=STEPS,

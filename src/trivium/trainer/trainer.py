@@ -115,9 +115,9 @@ class Trainer:
         )
         if self.parallel.is_leader:
             log.info("%s", self.precision.describe(cfg.precision))
+        if cfg.compile:  # before the strategy's wrapping, as torchtitan does for FSDP2 (compile, then shard)
+            compile_decoder_layers(model, self.precision.name, self.device.type)
         self.model = self.parallel.wrap(model)
-        if cfg.compile:
-            compile_decoder_layers(self.model, self.precision.name, self.device.type)
         self.cfg = cfg
         self.algorithm = algorithm
         self._loss_rule = mini_batch_rule(POLICY_LOSS_FNS.get(algorithm.policy_loss_fn))
