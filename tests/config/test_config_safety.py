@@ -305,3 +305,21 @@ def test_check_config_notes_that_an_explorer_far_ahead_needs_a_staleness_correct
     for fix in ("algorithm.algorithm_type=m2po", "algorithm.rollout_is_cap=2", "synchronizer.sync_offset=1"):
         assert cli(["check-config", str(folder / "c.yaml"), *ahead, "--set", fix]) == 0
         assert "# note: " not in capsys.readouterr().out, fix
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field", "rule"),
+    [
+        (["trainer.optimizer_impl=fused"], "trainer.optimizer_impl", "its own AdamW"),
+        (["trainer.strategy=fsdp2", "trainer.world_size=2"], "trainer.optimizer_state_dtype", "FSDP2"),
+        (
+            ["model.dtype=bfloat16", "trainer.precision=fp32"],
+            "trainer.optimizer_state_dtype",
+            "float32 weights",
+        ),
+    ],
+)
+def test_bf16_optimizer_state_is_refused_where_it_cannot_run(folder, overrides, field, rule):
+    found = problems(folder / "c.yaml", ["trainer.optimizer_state_dtype=bfloat16", *overrides])
+    assert [(p.path, rule in p.rule) for p in found] == [(field, True)], [(p.path, p.rule) for p in found]
+    load_config(folder / "c.yaml", ["trainer.optimizer_state_dtype=bfloat16"])  # alone: fine

@@ -103,6 +103,19 @@ def test_doctor_derives_each_quantity_of_each_stage(tmp_path, tiny_model_dir, wo
     )
 
 
+def test_bf16_optimizer_moments_halve_the_estimated_optimizer_state(
+    tmp_path, tiny_model_dir, word_problem_dir
+):
+    fp32 = explain(small_config(tmp_path, tiny_model_dir, word_problem_dir))[1][0].estimate
+    bf16 = explain(
+        small_config(tmp_path, tiny_model_dir, word_problem_dir, optimizer_state_dtype="bfloat16")
+    )[1][0].estimate
+    state = fp32.parts["trainer"]["optimizer state"]
+    assert bf16.parts["trainer"]["optimizer state"] == state / 2
+    assert bf16.parts["trainer"]["weights"] == fp32.parts["trainer"]["weights"]  # weights stay float32
+    assert bf16.steady == fp32.steady - state / 2
+
+
 @pytest.mark.slow
 def test_doctor_cli_explains_or_names_the_bad_field(tmp_path, tiny_model_dir, word_problem_dir):
     small_config(tmp_path, tiny_model_dir, word_problem_dir)

@@ -348,6 +348,10 @@ class TrainerConfig(StrictModel):
     benchmarks/optimizer.py); foreach: per-op over lists (faster on CUDA, slower on CPU); for_loop: one
     parameter at a time. auto: fused where torch has it for the parameters' device (CPU, CUDA), else
     for_loop. The critic's AdamW takes the same."""
+    optimizer_state_dtype: Literal["float32", "bfloat16"] = "float32"
+    """AdamW's two moments in float32 (8 bytes a trainable parameter) or bfloat16 (4 bytes, stochastically
+    rounded so that small updates of the second moment are not lost; trainer/adamw_bf16.py): half the
+    optimizer state for a slower update. Weights stay float32; needs optimizer_impl auto."""
     lr_scheduler: Literal["constant", "cosine", "linear"] = "constant"
     """Learning-rate schedule after warm-up."""
     warmup_steps: int = Field(0, ge=0, le=STEPS_MAX)

@@ -416,6 +416,7 @@ def _shapes(
         critic=preset.needs_critic,
         rollout_engine=in_flight > 0 and r.engine_type == "transformers" and in_driver,
         overlap=cfg.synchronizer.sync_offset > 0,
+        moment_bytes=2 if cfg.trainer.optimizer_state_dtype == "bfloat16" else 0,
     )
 
 

@@ -92,6 +92,7 @@ class Shapes:
     rollout_engine: bool = True  # a transformers engine in this process
     overlap: bool = False  # sampling and training at the same time (sync_offset > 0)
     head_chunk: int = 0  # loss tokens per chunk of the vocabulary head (ChunkedLogProbs); 0: not chunked
+    moment_bytes: int = 0  # bytes of each of AdamW's two moments a parameter; 0: the weights' (bf16: 2)
 
 
 @dataclass
@@ -124,6 +125,7 @@ def estimate(
     the trained weights, their gradients and the optimizer state are split (DDP keeps a full replica);
     ``autocast``: the trainer's passes run under bf16/fp16 autocast (``trainer.precision``)."""
     wb, rb = DTYPE_BYTES[model_dtype], DTYPE_BYTES[rollout_dtype]
+    mb = s.moment_bytes or wb
     tokens = s.rows_per_micro * s.seq_len
     act = tokens * shape.layers * shape.act_bytes_per_token_layer(wb, autocast)
     head_tokens = s.rows_per_micro * min(s.loss_tokens, s.seq_len)
@@ -136,18 +138,19 @@ def estimate(
     trainer = {
         "weights": shape.params * wb * (1 / shards + s.frozen_copies),
         "gradients": s.trainable * wb / shards,
-        "optimizer state": 2 * s.trainable * wb / shards,
+        "optimizer state": 2 * s.trainable * mb / shards,
         "activations": act + head,
         "step heap": STEP_HEAP,
     }
     if s.critic:  # PPO's value model, the policy's size: weights, gradients and AdamW's two moments (its
-        trainer["critic"] = shape.params * wb * 4  # activations, a pass like the policy's, are not counted)
+        trainer["critic"] = shape.params * (2 * wb + 2 * mb)  # activations, like the policy's, not counted)
     out = Estimate(overlap=s.overlap)
     out.parts["trainer"] = trainer
-    # the critic's weights and moments (3 of its 4 parts) stay; its gradients come and go with the policy's
-    out.steady = trainer["weights"] + trainer["optimizer state"] + (trainer.get("critic", 0.0) * 0.75)
+    # the critic's weights and moments stay; its gradients come and go with the policy's
+    critic_grads = shape.params * wb if s.critic else 0.0
+    out.steady = trainer["weights"] + trainer["optimizer state"] + trainer.get("critic", 0.0) - critic_grads
     out.heap = trainer["step heap"]
-    out.train_transient = trainer["gradients"] + trainer["activations"] + trainer.get("critic", 0.0) * 0.25
+    out.train_transient = trainer["gradients"] + trainer["activations"] + critic_grads
     if s.rollout_engine:
         kv = s.in_flight * shape.layers * 2 * shape.kv_width * s.rollout_seq * rb
         # the prefill: one layer's hidden states and MLP at a time, for every sequence (logits: last only)

@@ -30,6 +30,10 @@ def adamw_implementation(params: list[torch.Tensor], asked: str) -> str:
 
 def build_optimizer(params, cfg: TrainerConfig) -> torch.optim.Optimizer:
     trainable = [p for p in params if p.requires_grad]
+    if cfg.optimizer_state_dtype == "bfloat16":
+        from trivium.trainer.adamw_bf16 import Bf16StateAdamW
+
+        return Bf16StateAdamW(trainable, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
     impl = adamw_implementation(trainable, cfg.optimizer_impl)
     return torch.optim.AdamW(
         trainable,

@@ -202,7 +202,8 @@ def _check_sync_method(cfg: TriviumConfig, at) -> list[Problem]:
 
 def _check_precision(cfg: TriviumConfig, at) -> list[Problem]:
     """trainer.precision: autocast needs float32 master weights, fp16 needs CUDA (trainer/precision.py;
-    where the device is 'auto', the trainer checks fp16 when it starts)."""
+    where the device is 'auto', the trainer checks fp16 when it starts); bf16 optimizer moments need float32
+    weights and run their own AdamW (trainer/adamw_bf16.py)."""
     p, out = cfg.trainer.precision, []
     if p in ("bf16", "fp16") and cfg.model.dtype != "float32":
         out.append(
@@ -211,6 +212,37 @@ def _check_precision(cfg: TriviumConfig, at) -> list[Problem]:
                 p,
                 f"{p} autocast keeps float32 master weights, but model.dtype loads them as {cfg.model.dtype}",
                 "set model.dtype: float32 (autocast gives the speed), or trainer.precision: fp32",
+            )
+        )
+    t = cfg.trainer
+    if t.optimizer_state_dtype == "bfloat16" and t.optimizer_impl != "auto":
+        out.append(
+            Problem(
+                at("trainer.optimizer_impl"),
+                t.optimizer_impl,
+                "trainer.optimizer_state_dtype bfloat16 runs its own AdamW (bf16 moments, stochastically "
+                "rounded), not torch's fused/foreach/for_loop kernels",
+                "leave trainer.optimizer_impl at auto, or keep the optimizer state in float32",
+            )
+        )
+    if t.optimizer_state_dtype == "bfloat16" and t.strategy == "fsdp2":
+        out.append(
+            Problem(
+                at("trainer.optimizer_state_dtype"),
+                t.optimizer_state_dtype,
+                "bf16 optimizer moments are built for whole parameters (strategy single or ddp); FSDP2's "
+                "sharded ones are not handled yet",
+                "use trainer.strategy ddp, or keep the optimizer state in float32 (FSDP2 shards it anyway)",
+            )
+        )
+    if t.optimizer_state_dtype == "bfloat16" and cfg.model.dtype != "float32":
+        out.append(
+            Problem(
+                at("trainer.optimizer_state_dtype"),
+                t.optimizer_state_dtype,
+                f"bf16 moments update float32 weights, but model.dtype loads them as {cfg.model.dtype} (AdamW's "
+                "state then already has the weights' dtype)",
+                "set model.dtype: float32, or leave trainer.optimizer_state_dtype at float32",
             )
         )
     if p == "fp16" and cfg.model.device.startswith("cpu"):
