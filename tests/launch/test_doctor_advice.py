@@ -86,7 +86,7 @@ SHAPES = Shapes(experiences=64, rows_per_micro=8, seq_len=1024, loss_tokens=512,
 
 def stage(device="cpu", lora=None):
     return SimpleNamespace(
-        trainer=SimpleNamespace(precision="auto", strategy="single"),
+        trainer=SimpleNamespace(precision="auto", strategy="single", optimizer_state_dtype="float32"),
         model=SimpleNamespace(device=device, dtype="float32", lora=lora),
         explorer=SimpleNamespace(max_concurrency=0, rollout=SimpleNamespace(dtype=None)),
         buffer=SimpleNamespace(batch_size=8),
@@ -101,9 +101,19 @@ def lora_adapters():
     return 8_798_208  # rank 16 on every linear layer of the shape above
 
 
-def test_a_model_whose_optimizer_state_does_not_fit_gets_lora_on_cpu_and_fsdp2_on_gpus():
+def test_a_model_whose_optimizer_state_does_not_fit_gets_bf16_moments_then_lora_on_cpu_and_fsdp2_on_gpus():
     one_row = with_changes(dataclasses.replace(SHAPES, rows_per_micro=1)).peak
     budget = Budget(one_row * 0.9 / FILL, "a test")  # even one row a pass is over
+    advice = advise(stage(), SHAPES, with_changes, budget, (False, ""), lora_adapters, True)
+    assert [a.setting for a in advice] == ["trainer.optimizer_state_dtype", "trainer.micro_batch_size"]
+    assert advice[0].value == "bfloat16"
+    halved, rows = dataclasses.replace(SHAPES, moment_bytes=2), advice[1].value
+    assert with_changes(dataclasses.replace(halved, rows_per_micro=rows)).peak <= FILL * budget.bytes
+    assert with_changes(dataclasses.replace(halved, rows_per_micro=rows + 1)).peak > FILL * budget.bytes
+
+    # tighter: bf16 moments alone no longer fit at one row, LoRA does
+    halved_one_row = with_changes(dataclasses.replace(halved, rows_per_micro=1)).peak
+    budget = Budget(halved_one_row * 0.95 / FILL, "a test")
     lora_peak = with_changes(dataclasses.replace(SHAPES, rows_per_micro=1, trainable=lora_adapters())).peak
     assert lora_peak < FILL * budget.bytes  # the case: full fine-tuning cannot fit, LoRA can
     advice = advise(stage(), SHAPES, with_changes, budget, (False, ""), lora_adapters, True)

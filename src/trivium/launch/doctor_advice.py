@@ -1,5 +1,6 @@
 """What ``trivium doctor`` suggests for a stage: the micro-batch that fits the memory there is, the precision
-the hardware runs best, and, where no micro-batch fits, what else would (rollout dtype, LoRA, FSDP2).
+the hardware runs best, and, where no micro-batch fits, what else would (rollout dtype, bf16 optimizer moments,
+LoRA, FSDP2).
 
 The memory budget is ``trivium doctor --memory SIZE`` (plan for another machine: ``80GiB``, ``24G``), else
 the trainer's device: a CUDA device's total memory, or on a CPU what the machine has available now
@@ -17,6 +18,7 @@ What is suggested, and what is not:
 - Where even one row a pass does not fit, one lever at a time, each with the rows that then fit:
   ``explorer.max_concurrency`` (fewer tasks sampled at once: a smaller KV cache, when sampling is the larger
   part), ``explorer.rollout.dtype: bfloat16`` (the in-process engine's copy of the weights and its KV cache in half),
+  ``trainer.optimizer_state_dtype: bfloat16`` (AdamW's two moments in half; not with FSDP2, which shards them),
   ``model.lora`` (rank 16: the optimizer state and gradients of the adapters only), and on CUDA
   ``trainer.strategy: fsdp2`` over 2, 4 or 8 GPUs (weights, gradients and optimizer state sharded; on a CPU
   the ranks share one machine's memory, so it is not suggested there). If none fits, the doctor says so.
@@ -146,6 +148,15 @@ def advise(
                 "the engine's weights in half",
             )
         )
+    if (
+        trains
+        and t.optimizer_state_dtype == "float32"
+        and t.strategy != "fsdp2"
+        and cfg.model.dtype == "float32"
+    ):
+        halved = dataclasses.replace(shapes, moment_bytes=2)
+        what = "AdamW's moments in bf16, half the optimizer state (stochastically rounded)"
+        levers.append(("trainer.optimizer_state_dtype", "bfloat16", halved, {}, what))
     if trains and cfg.model.lora is None:
         adapters = lora_trainable()
         lora_shapes = dataclasses.replace(shapes, trainable=adapters, frozen_copies=0)
@@ -179,7 +190,8 @@ def advise(
     why = (
         f"nothing here fits: {over}; at 1 row a pass it is still {mib(smallest.peak)} (weights and optimizer "
         f"state {mib(smallest.steady)}, training {mib(smallest.train_transient)}, sampling "
-        f"{mib(smallest.rollout_transient)}), and none of fewer tasks at once, bf16 rollouts, LoRA or FSDP2 alone "
+        f"{mib(smallest.rollout_transient)}), and none of fewer tasks at once, bf16 rollouts, bf16 optimizer "
+        "moments, LoRA or FSDP2 alone "
         "brings it under: a machine with more memory, or a smaller model"
     )
     return [*out, Advice(None, None, why)]
