@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from trivium.config.schema import TrainerConfig
-from trivium.trainer.adamw_bf16 import Bf16StateAdamW, stochastic_round_to_bf16
+from trivium.trainer.adamw_bf16 import Bf16StateAdamW, rounding_noise, stochastic_round_to_bf16
 from trivium.trainer.optim import Optimization, adamw_implementation, build_optimizer
 
 IMPLS = ["fused", "foreach", "for_loop"]
@@ -90,13 +90,13 @@ def test_stochastic_rounding_is_exact_in_expectation_and_lands_on_a_neighbour():
     base = torch.tensor([1.0, -3.0, 2.0**-13, 250.0])  # bf16 numbers
     step = torch.tensor([2.0**-7, 2.0**-6, 2.0**-20, 1.0])  # bf16's spacing above each
     x = base + torch.sign(base) * 0.3 * step  # 30% of the way to the next bf16 number away from 0
-    draws = torch.stack([stochastic_round_to_bf16(x, gen).float() for _ in range(4000)])
+    draws = torch.stack([stochastic_round_to_bf16(x, rounding_noise(x, gen)).float() for _ in range(4000)])
     low, high = base, base + torch.sign(base) * step
     assert bool(((draws == low) | (draws == high)).all())
     torch.testing.assert_close(draws.mean(0), x, rtol=0, atol=float(0.05 * step.max()))
     assert abs(float((draws[:, 0] == high[0]).float().mean()) - 0.3) < 0.03
     exact = torch.tensor([1.0, -0.5, 0.0, 3.0])  # values that are bf16 already stay exactly
-    assert torch.equal(stochastic_round_to_bf16(exact, gen).float(), exact)
+    assert torch.equal(stochastic_round_to_bf16(exact, rounding_noise(exact, gen)).float(), exact)
 
 
 def test_the_second_moment_keeps_moving_where_rounding_to_nearest_would_freeze_it():

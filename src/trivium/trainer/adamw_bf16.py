@@ -22,17 +22,22 @@ import math
 
 import torch
 
-__all__ = ["Bf16StateAdamW", "stochastic_round_to_bf16"]
+__all__ = ["Bf16StateAdamW", "rounding_noise", "stochastic_round_to_bf16"]
 
 
-def stochastic_round_to_bf16(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+def rounding_noise(like: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Uniform integers in [0, 2^16), one per element of ``like``: what ``stochastic_round_to_bf16`` adds."""
+    return torch.randint(0, 1 << 16, like.shape, generator=generator, device=like.device, dtype=torch.int32)
+
+
+def stochastic_round_to_bf16(x: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     """``x`` (float32) rounded to bfloat16, up or down with probabilities that make it exact in expectation.
 
-    bf16 is float32's upper 16 bits: adding a uniform random integer in [0, 2^16) to the low 16 bits of the
-    bit pattern and dropping them rounds the magnitude up exactly when the noise carries over, which
-    happens with probability (low bits) / 2^16. Sign-magnitude makes it symmetric for negative numbers."""
+    bf16 is float32's upper 16 bits: adding a uniform random integer in [0, 2^16) (``noise``, from
+    ``rounding_noise``) to the low 16 bits of the bit pattern and dropping them rounds the magnitude up
+    exactly when the noise carries over, which happens with probability (low bits) / 2^16. Sign-magnitude
+    makes it symmetric for negative numbers."""
     bits = x.contiguous().view(torch.int32)
-    noise = torch.randint(0, 1 << 16, bits.shape, generator=generator, device=x.device, dtype=torch.int32)
     return ((bits + noise) & -65536).view(torch.float32).to(torch.bfloat16)
 
 
@@ -82,6 +87,9 @@ class Bf16StateAdamW(torch.optim.Optimizer):
                     p.mul_(1 - lr * decay)
                 denom = (v.sqrt() / math.sqrt(1 - beta2**t)).add_(eps)
                 p.addcdiv_(m, denom, value=-lr / (1 - beta1**t))
-                state["exp_avg"].copy_(stochastic_round_to_bf16(m, gen))
-                state["exp_avg_sq"].copy_(stochastic_round_to_bf16(v, gen))
+                # one draw for both moments: each is still rounded exactly in expectation, and the random
+                # numbers (torch's CPU generator runs on one thread) are most of this update's cost
+                noise = rounding_noise(m, gen)
+                state["exp_avg"].copy_(stochastic_round_to_bf16(m, noise))
+                state["exp_avg_sq"].copy_(stochastic_round_to_bf16(v, noise))
         return None
