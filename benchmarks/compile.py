@@ -1,12 +1,13 @@
 """What `trainer.compile` buys: a GRPO train step with the decoder layers compiled against eager, side by side.
 
-    python benchmarks/compile.py                          # the 25M shape, fp32 and bf16 (~8 min on 2 cores)
-    python benchmarks/compile.py --shape 1M --precisions fp32 --steps 2   # a smoke run
+    python benchmarks/compile.py                           # the 1M and 25M shapes, fp32 and bf16 (~6 min)
+    python benchmarks/compile.py --shapes 1M --precisions fp32 --steps 2   # a smoke run
 
 Every setting runs ``trivium``'s own ``Trainer.train_step`` on the same 64 experiences (8 groups x 8, 60-80
 prompt and 60-128 answer tokens, ``micro_batch.random_grpo_batch``) of a random-initialised Qwen2 of the
 ladder's shape (``ladder_parts.SHAPES``; a step's cost does not depend on the weights), each setting in its
-own process, so that every compiled run starts with an empty compile cache and pays the whole compile. Pairs
+own process, so that every compiled run pays its compile (torch's on-disk inductor cache, kept between
+processes, makes a repeated compile cheaper: the first run on a machine pays more). Pairs
 (eager, compiled) alternate per precision. Reported per setting: the first step (with the compile), the
 median of the next ``--steps``, and for the compiled run its speed-up and the steps after which the compile
 has paid for itself. bf16 means the hardware's own bf16 where it has it; on a CPU without bf16 instructions
@@ -69,7 +70,11 @@ def table(rows: list[dict]) -> str:
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
-        eager = next(e for e in rows if e["precision_asked"] == r["precision_asked"] and not e["compile"])
+        eager = next(
+            e
+            for e in rows
+            if (e["shape"], e["precision_asked"]) == (r["shape"], r["precision_asked"]) and not e["compile"]
+        )
         ratio = r["s_per_step"] / eager["s_per_step"]
         saved = eager["s_per_step"] - r["s_per_step"]
         extra = r["first_s"] - eager["first_s"]
@@ -88,7 +93,7 @@ def table(rows: list[dict]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", default="25M", help="a ladder_parts.SHAPES rung")
+    ap.add_argument("--shapes", nargs="+", default=["1M", "25M"], help="ladder_parts.SHAPES rungs")
     ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     ap.add_argument("--steps", type=int, default=4, help="timed steps after the first (median reported)")
     ap.add_argument("--no-write", action="store_true", help="print only (tests)")
@@ -101,13 +106,14 @@ def main() -> int:
     import torch
 
     rows = []
-    for precision in args.precisions:
-        for compiled in (False, True):
-            cmd = [sys.executable, __file__, "--steps", str(args.steps), "--one", args.shape, precision]
-            out = subprocess.run([*cmd, str(int(compiled))], check=True, capture_output=True, text=True)
-            result = json.loads(out.stdout.splitlines()[-1])
-            rows.append({"shape": args.shape, "precision_asked": precision, "compile": compiled, **result})
-            print(f"{args.shape} {precision} compile={compiled}: {result}", file=sys.stderr, flush=True)
+    for shape in args.shapes:
+        for precision in args.precisions:
+            for compiled in (False, True):
+                cmd = [sys.executable, __file__, "--steps", str(args.steps), "--one", shape, precision]
+                out = subprocess.run([*cmd, str(int(compiled))], check=True, capture_output=True, text=True)
+                result = json.loads(out.stdout.splitlines()[-1])
+                rows.append({"shape": shape, "precision_asked": precision, "compile": compiled, **result})
+                print(f"{shape} {precision} compile={compiled}: {result}", file=sys.stderr, flush=True)
     text = (
         "# trainer.compile against eager (benchmarks/compile.py)\n\n"
         f"{platform.processor() or platform.machine()}, torch {torch.__version__}, {torch.get_num_threads()} "

@@ -155,7 +155,7 @@ def advise(
         and cfg.model.dtype == "float32"
     ):
         halved = dataclasses.replace(shapes, moment_bytes=2)
-        what = "AdamW's moments in bf16, half the optimizer state (stochastically rounded)"
+        what = "AdamW's moments in bf16: half the optimizer state, a slower update (benchmarks/optimizer.py)"
         levers.append(("trainer.optimizer_state_dtype", "bfloat16", halved, {}, what))
     if trains and cfg.model.lora is None:
         adapters = lora_trainable()
