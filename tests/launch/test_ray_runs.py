@@ -146,7 +146,7 @@ def test_partial_rollouts_on_ray_engines_take_the_driver_s_weights_mid_generatio
     cfg["synchronizer"] = {"sync_offset": 1}
     cfg["explorer"]["rollout"] = {
         **cfg["explorer"].get("rollout", {}),
-        "max_tokens": 64,
+        "max_tokens": 192,  # sampling well over a train step plus the push (64 raced it under load)
         "in_flight_updates": True,
     }
     path.write_text(yaml.safe_dump(cfg))

@@ -6,7 +6,8 @@ final weights.
 
 TRIVIUM_PARITY_DEVICE=cuda runs rank r on cuda:r with NCCL (scripts/gpu_scale_check.sh);
 TRIVIUM_PARITY_PRECISION (default fp32) sets trainer.precision; TRIVIUM_PARITY_COMPILE=1 turns trainer.compile
-on (a check by hand: the compiled layers under ddp and fsdp2).
+on and TRIVIUM_PARITY_STATE_DTYPE sets trainer.optimizer_state_dtype (checks by hand: the compiled layers under
+ddp and fsdp2, bf16 moments under ddp).
 """
 
 import datetime
@@ -100,6 +101,7 @@ def main(model_dir, out, strategy, rank, world, init, use_lora=""):
                 lr=1e-3,
                 precision=os.environ.get("TRIVIUM_PARITY_PRECISION", "fp32"),
                 compile=os.environ.get("TRIVIUM_PARITY_COMPILE") == "1",
+                optimizer_state_dtype=os.environ.get("TRIVIUM_PARITY_STATE_DTYPE", "float32"),
                 **settings,
             ),
             spec,

@@ -21,9 +21,12 @@ def adamw_implementation(params: list[torch.Tensor], asked: str) -> str:
     kernel for every parameter's device (and the parameters are floating point), else for_loop."""
     if asked != "auto":
         return asked
-    from torch.optim.optimizer import _get_fused_kernels_supported_devices
+    try:  # torch's own list (a private helper: a torch without it gets the devices that have had the kernel)
+        from torch.optim.optimizer import _get_fused_kernels_supported_devices
 
-    supported = set(_get_fused_kernels_supported_devices())
+        supported = set(_get_fused_kernels_supported_devices())
+    except ImportError:
+        supported = {"cpu", "cuda"}
     fusable = all(p.device.type in supported and torch.is_floating_point(p) for p in params)
     return "fused" if params and fusable else "for_loop"
 
