@@ -104,20 +104,24 @@ def shape_numbers(shape: str) -> dict[str, int]:
 def floors(rung: str, run: dict, rate: dict[str, float], train_dtype: str, rollout_dtype: str) -> dict:
     """Arithmetic floors (seconds) of the run's rollout and train phases (module docstring)."""
     shape, prompt, _, prompts, group = RUNGS[rung]
-    n = shape_numbers(shape)
     seqs = prompts * group
-    generated = run["tokens_per_step"]
-    resp = generated / seqs
-    seq = prompt + resp
-    attention = 2 * n["layers"] * seq * seq * n["hidden"]  # causal QK^T and AV, forward, one sequence
-    train = 6 * n["body"] * seqs * seq + 6 * n["hidden"] * n["vocab"] * generated + 3 * attention * seqs
-    rollout = 2 * n["body"] * (seqs * prompt + generated) + 2 * n["hidden"] * n["vocab"] * generated
-    rollout += attention * seqs
+    train, rollout = phase_flops(shape, prompt, seqs, run["tokens_per_step"])
     return {
         "train_s": train / rate[train_dtype],
         "rollout_s": rollout / rate[rollout_dtype],
-        "trained_tokens": seqs * seq,
+        "trained_tokens": seqs * (prompt + run["tokens_per_step"] / seqs),
     }
+
+
+def phase_flops(shape: str, prompt: int, seqs: int, generated: int) -> tuple[float, float]:
+    """FLOPs of a step's training and rollout: ``seqs`` sequences of ``prompt`` tokens that generated
+    ``generated`` tokens in all (module docstring)."""
+    n = shape_numbers(shape)
+    seq = prompt + generated / seqs
+    attention = 2 * n["layers"] * seq * seq * n["hidden"]  # causal QK^T and AV, forward, one sequence
+    train = 6 * n["body"] * seqs * seq + 6 * n["hidden"] * n["vocab"] * generated + 3 * attention * seqs
+    rollout = 2 * n["body"] * (seqs * prompt + generated) + 2 * n["hidden"] * n["vocab"] * generated
+    return train, rollout + attention * seqs
 
 
 # --- the two sides ----------------------------------------------------------------------------------------

@@ -12,7 +12,11 @@ weights, on a 25M model with ~100-token answers):
 - Left padding with explicit ``attention_mask`` and ``position_ids``: each row's positions start at 0 at its
   first real token, exactly as in the trainer's teacher-forced pass, so log-probs match it (see
   ``protocol.py`` for the contract; exact to ~1e-5 in fp32).
-- Attention is the model's own (sdpa by default); nothing here re-implements it.
+- Prefill runs the model's own forward (its attention, sdpa by default). The decode steps, one token a
+  row, run through ``DecodeStep`` (``decode_step.py``) for Llama-family models: the model's own modules
+  without transformers' per-call glue, and attention over the cache as two matrix products (measured on
+  the 25M shape: decode_step.py's docstring and docs/performance.md). Other models decode through their
+  forward.
 - One lock serialises ``generate`` and ``update_weights``: weights never change under a running batch,
   unless ``in_flight_updates`` (``explorer.rollout.in_flight_updates``, partial rollouts): then an update
   that arrives while a batch decodes is handed to its decode loop, which loads it at the next token
@@ -44,6 +48,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
+from trivium.models.decode_step import DecodeStep
 from trivium.models.loading import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
 from trivium.models.protocol import (
     FinishReason,
@@ -108,6 +113,10 @@ class TransformersEngine:
         # warns until it is removed, so pass whichever this model's forward declares.
         forward_args = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
+        # One token a row per step through DecodeStep (Llama-family models), else the model's forward.
+        self.decode_step, why_not = DecodeStep.for_model(self.model)
+        if self.decode_step is None:
+            log.info("TransformersEngine: decoding through %s.forward (%s)", type(model).__name__, why_not)
         self.generator = torch.Generator(device=self.device)
         if seed is None:
             self.generator.seed()
@@ -330,13 +339,7 @@ class TransformersEngine:
                 cache, logits, attention, next_pos = self._prefill(rows, 1, left, row_media)
                 continue
             attention = torch.cat([attention, attention.new_ones(len(alive), 1)], dim=1)
-            out = self._forward(
-                input_ids=tokens[:, None],
-                attention_mask=attention,
-                position_ids=next_pos[:, None],
-                cache=cache,
-            )
-            logits = out.logits[:, -1]
+            logits = self._step(tokens, attention, next_pos, cache)
             next_pos = next_pos + 1
 
     def _checked_media(
@@ -363,15 +366,28 @@ class TransformersEngine:
                 )
         return [m if m is not None and m.refs else None for m in media]
 
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
     def _forward(self, *, cache: DynamicCache, **inputs: torch.Tensor | int):
         """One forward pass of the model with the KV cache, under autocast when configured."""
-        autocast = (
-            torch.autocast(self.device.type, dtype=self.autocast_dtype)
-            if self.autocast_dtype is not None
-            else contextlib.nullcontext()
-        )
-        with autocast:
+        with self._autocast():
             return self.model(**inputs, use_cache=True, **{self._cache_arg: cache})
+
+    def _step(
+        self, tokens: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, cache: DynamicCache
+    ) -> torch.Tensor:
+        """Next-token logits after one new token a row: ``DecodeStep`` where the model has one, else the
+        model's forward."""
+        if self.decode_step is not None:
+            with self._autocast():
+                return self.decode_step(tokens, attention, positions, cache)
+        out = self._forward(
+            input_ids=tokens[:, None], attention_mask=attention, position_ids=positions[:, None], cache=cache
+        )
+        return out.logits[:, -1]
 
     def _prefill(
         self, prompts: list[list[int]], n: int, max_new: int, media: list[PromptImages | None] | None = None
