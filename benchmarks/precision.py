@@ -5,10 +5,13 @@
     python benchmarks/precision.py --report             # the table and plot from the runs already made
     python benchmarks/precision.py --precisions bf16 bf16-rollouts --seeds 0 1 2 --results precision_rollouts
                                                         # bf16 rollout weights too (explorer.rollout.dtype)
+    python benchmarks/precision.py --workload w25m --precisions bf16 bf16-rollouts --seeds 0 \
+        --results precision_rollouts_w25m               # the same question on the 25M workload (W2)
     python benchmarks/precision.py --redo-stage grpo    # rerun only the GRPO stage of the runs made, from
                                                         # their SFT checkpoints (after a GRPO recipe change)
 
-Each run is `trivium run --config examples/quickstart/grpo_word_problems.yaml` with `--set seed=S` and
+Each run is `trivium run --config examples/quickstart/grpo_word_problems.yaml` (`--workload w25m`:
+benchmarks/w25m_grpo.yaml, the 25M model, 400 SFT steps and 40 GRPO steps of 16 x 8) with `--set seed=S` and
 `--set trainer.precision=P` (both stages), in its own process, under benchmarks/workdir/precision/. On a
 CPU without bf16 instructions `bf16` runs with bf16's numerics through the matrix-product emulation of
 `trivium/models/bf16.py` (the same results as a native bf16 CPU up to summation order, at about fp32's
@@ -32,10 +35,10 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIG = REPO / "examples" / "quickstart" / "grpo_word_problems.yaml"
 WORKDIR = REPO / "benchmarks" / "workdir" / "precision"
 RESULTS = REPO / "benchmarks" / "results"
 KEY = "eval/test/accuracy"
@@ -48,14 +51,35 @@ VARIANTS = {
 }
 
 
+@dataclass(frozen=True)
+class Workload:
+    config: Path  # two stages, "sft" then "grpo"; its ``project`` is the workload's name
+    sft_steps: int
+    grpo_steps: int
+    min_gain: float  # the bar every run must clear (chosen before the runs, not after)
+
+
+WORKLOADS = {
+    "quickstart": Workload(REPO / "examples" / "quickstart" / "grpo_word_problems.yaml", 800, 100, 0.30),
+    # The 25M model (hidden 512, 8 layers) on the explained word problems, ~100-token answers (W2).
+    "w25m": Workload(REPO / "benchmarks" / "w25m_grpo.yaml", 400, 40, 0.05),
+}
+WORKLOAD = "quickstart"  # set by --workload
+
+
 def run_dir(precision: str, seed: int) -> Path:
-    return WORKDIR / "quickstart" / f"{precision}-seed{seed}"
+    return WORKDIR / WORKLOAD / f"{precision}-seed{seed}"
+
+
+def log_path(precision: str, seed: int) -> Path:
+    prefix = "" if WORKLOAD == "quickstart" else f"{WORKLOAD}-"  # the quickstart's logs keep their names
+    return WORKDIR / f"{prefix}{precision}-seed{seed}.log"
 
 
 def run_one(precision: str, seed: int, threads: int) -> dict:
     out = run_dir(precision, seed)
     cmd = [
-        "trivium", "run", "--config", str(CONFIG),
+        "trivium", "run", "--config", str(WORKLOADS[WORKLOAD].config),
         "--set", f"seed={seed}",
         *[arg for setting in VARIANTS[precision] for arg in ("--set", setting)],
         "--set", f"name={out.name}",
@@ -63,7 +87,7 @@ def run_one(precision: str, seed: int, threads: int) -> dict:
         "--set", "monitor.progress_bar=false",
         "--set", f"runtime.num_threads={threads}",
     ]  # fmt: skip
-    log = WORKDIR / f"{out.name}.log"
+    log = log_path(precision, seed)
     t0 = time.perf_counter()
     with log.open("w") as f:
         rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO).returncode
@@ -81,9 +105,10 @@ def read_run(precision: str, seed: int) -> dict | None:
     curve = [(r["stage"], r["global_step"], r[KEY]) for r in rows if KEY in r]
     sft = [a for stage, _, a in curve if stage == "sft"]
     rl = [a for stage, _, a in curve if stage != "sft"]
-    if not sft or not rl or not any(r.get("stage") == "grpo" and r.get("step") == 100 for r in rows):
+    last = WORKLOADS[WORKLOAD].grpo_steps
+    if not sft or not rl or not any(r.get("stage") == "grpo" and r.get("step") == last for r in rows):
         return None  # unfinished
-    log = (WORKDIR / f"{precision}-seed{seed}.log").read_text(errors="replace")
+    log = log_path(precision, seed).read_text(errors="replace")
     chosen = next((line.split("trainer.trainer: ", 1)[1] for line in log.splitlines() if "precision" in line
                    and "trainer.trainer: " in line), "")  # fmt: skip
     return {
@@ -169,7 +194,9 @@ def report(precisions: list[str], seeds: list[int], min_gain: float, max_gap: fl
     print(text)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.md").write_text(
-        f"# The quickstart in {', '.join(precisions)} over seeds (benchmarks/precision.py)\n\n" + text + "\n"
+        f"# The {WORKLOAD} workload in {', '.join(precisions)} over seeds (benchmarks/precision.py)\n\n"
+        + text
+        + "\n"
     )
     (RESULTS / f"{name}.json").write_text(json.dumps({"runs": runs, "summary": summary}, indent=1) + "\n")
     plot(runs, RESULTS / f"{name}.png")
@@ -194,9 +221,10 @@ def plot(runs: list[dict], path: Path) -> None:
             else None
         )
         ax.plot(xs, ys, color=colours.get(r["precision"], "grey"), alpha=0.7, marker=".", label=label)
-    ax.set_xlabel("global step (SFT 800 steps, then GRPO 100)")
+    w = WORKLOADS[WORKLOAD]
+    ax.set_xlabel(f"global step (SFT {w.sft_steps} steps, then GRPO {w.grpo_steps})")
     ax.set_ylabel("greedy accuracy on the test split")
-    ax.set_title("quickstart, one line per seed")
+    ax.set_title(f"{WORKLOAD}, one line per seed")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -204,6 +232,7 @@ def plot(runs: list[dict], path: Path) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workload", choices=sorted(WORKLOADS), default="quickstart")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=sorted(VARIANTS))
     ap.add_argument("--jobs", type=int, default=2, help="runs at a time (each gets cores/jobs threads)")
@@ -218,9 +247,17 @@ def main() -> int:
         default="precision",
         help="name of the results files (benchmarks/results/NAME.md/.json/.png)",
     )
-    ap.add_argument("--min-gain", type=float, default=0.30)
+    ap.add_argument("--min-gain", type=float, help="default: the workload's bar (quickstart 0.30, w25m 0.05)")
     ap.add_argument("--max-gap", type=float, default=0.10)
     args = ap.parse_args()
+    global WORKLOAD
+    WORKLOAD = args.workload
+    min_gain = WORKLOADS[WORKLOAD].min_gain if args.min_gain is None else args.min_gain
+    if WORKLOAD == "w25m":
+        sys.path.insert(0, str(Path(__file__).parent))
+        from engines import w25m_data
+
+        w25m_data(WORKDIR.parent)  # the config reads workdir/w25m-data
     if not args.report:
         WORKDIR.mkdir(parents=True, exist_ok=True)
         if args.redo_stage:
@@ -234,7 +271,7 @@ def main() -> int:
             for done in pool.map(lambda ps: run_one(*ps, threads), todo):
                 if done["rc"] != 0:
                     print(f"run {done} failed: see its log", file=sys.stderr)
-    return report(args.precisions, args.seeds, args.min_gain, args.max_gap, args.results)
+    return report(args.precisions, args.seeds, min_gain, args.max_gap, args.results)
 
 
 if __name__ == "__main__":
