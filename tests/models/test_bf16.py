@@ -124,28 +124,34 @@ def test_autocast_context_runs_the_backward_products_in_bf16_too():
 
 
 @pytest.mark.parametrize(
-    ("setting", "weights", "fast", "expected"),
+    ("setting", "weights", "fast", "expected", "engine", "trainer"),
     [
-        (None, torch.float32, "1", torch.float32),  # unset: the policy's dtype
-        (None, torch.bfloat16, "0", torch.bfloat16),
-        ("float32", torch.float32, "1", torch.float32),  # asked for wins over the hardware
-        ("bfloat16", torch.float32, "0", torch.bfloat16),
-        ("auto", torch.float32, "1", torch.bfloat16),  # auto: bf16 where the CPU multiplies it natively
-        ("auto", torch.float32, "0", torch.float32),  # ... and the policy's float32 elsewhere
-        ("auto", torch.float16, "1", torch.float16),  # low-precision weights stay as they are
+        (None, torch.float32, "1", torch.float32, "transformers", "auto"),  # null: the policy's
+        (None, torch.bfloat16, "0", torch.bfloat16, "transformers", "auto"),
+        ("float32", torch.float32, "1", torch.float32, "transformers", "auto"),  # asked for wins
+        ("bfloat16", torch.float32, "0", torch.bfloat16, "transformers", "fp32"),
+        ("auto", torch.float32, "1", torch.bfloat16, "transformers", "auto"),  # bf16 hardware: bf16
+        ("auto", torch.float32, "1", torch.bfloat16, "transformers", "bf16"),
+        ("auto", torch.float32, "0", torch.float32, "transformers", "auto"),  # elsewhere: the policy's
+        ("auto", torch.float16, "1", torch.float16, "transformers", "auto"),  # fp16 weights stay
+        ("auto", torch.float32, "1", torch.float32, "transformers", "fp32"),  # fp32 training: fp32
+        ("auto", torch.float32, "1", torch.float32, "vllm", "auto"),  # vLLM: bf16 only when asked for
+        ("bfloat16", torch.float32, "0", torch.bfloat16, "vllm", "auto"),
     ],
 )
-def test_the_rollout_dtype_for_each_setting_and_machine(monkeypatch, setting, weights, fast, expected):
+def test_the_rollout_dtype_for_each_setting_and_machine(
+    monkeypatch, setting, weights, fast, expected, engine, trainer
+):
     from trivium.models.bf16 import rollout_dtype
 
     monkeypatch.setenv("TRIVIUM_FAST_BF16", fast)
-    dtype, why = rollout_dtype(setting, weights, "cpu")
+    dtype, why = rollout_dtype(setting, weights, "cpu", engine, trainer)
     assert dtype == expected and why
 
 
 def test_auto_rollouts_reach_the_engine_the_doctor_and_check_config(monkeypatch, tiny_model_dir, tmp_path):
     """On a bf16 machine (forced) ``explorer.rollout.dtype: auto`` builds a bf16 engine, the doctor sizes
-    its weights in bf16, and autocast over them is refused as over bf16 weights."""
+    its weights in bf16 and says why, and autocast over them is refused as over bf16 weights."""
     import yaml
 
     from trivium.launch import build
@@ -170,6 +176,9 @@ def test_auto_rollouts_reach_the_engine_the_doctor_and_check_config(monkeypatch,
     assert engine.weights_dtype == torch.bfloat16
     text, _ = explain(run_cfg)
     assert "rollout (bfloat16," in text
+    assert (
+        "rollout      bfloat16 weights (explorer.rollout.dtype auto): TRIVIUM_FAST_BF16=1" in text
+    )  # and why
     cfg["explorer"]["rollout"]["autocast_dtype"] = "bfloat16"
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     with pytest.raises(Exception, match="the engine's weights are already bfloat16"):

@@ -125,7 +125,7 @@ def build_rollout_model(
     policy, copy_policy = rollout_policy(policy, copy_policy)
     r = cfg.explorer.rollout
     param = next(policy.parameters())
-    dtype, why = rollout_dtype(r.dtype, param.dtype, param.device)
+    dtype, why = rollout_dtype(r.dtype, param.dtype, param.device, r.engine_type, cfg.trainer.precision)
     if r.dtype == "auto":
         log.info("explorer.rollout.dtype auto -> %s: %s", str(dtype).removeprefix("torch."), why)
     if r.engine_type == "vllm":

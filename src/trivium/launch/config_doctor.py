@@ -20,7 +20,7 @@ from pathlib import Path
 from trivium.launch.memory_estimate import DTYPE_BYTES, Estimate, ModelShape, Shapes, estimate, mib
 from trivium.launch.placement import PLACEMENTS
 from trivium.trainer.parallel import STRATEGIES, micro_cap, micro_rows
-from trivium.validation.validate_layout import engine_dtype
+from trivium.validation.validate_layout import engine_dtype, engine_dtype_why
 
 
 @dataclass
@@ -210,6 +210,10 @@ def stage_facts(stage, index: int, count: int, memory: float | None = None) -> S
     est = estimate_with(shapes)
     if precision is not None:
         lines.append(f"  precision    {precision.describe(t.precision)}")
+    if "rollout" in est.parts:
+        dtype, why = engine_dtype_why(cfg)
+        setting = cfg.explorer.rollout.dtype or "null"
+        lines.append(f"  rollout      {dtype} weights (explorer.rollout.dtype {setting}): {why}")
     lines += memory_lines(shape, shapes, est, cfg)
 
     def in_flight_at(concurrency: int) -> int:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from trivium.launch.memory_estimate import Estimate, Shapes, mib
+from trivium.validation.validate_layout import engine_dtype
 
 __all__ = ["FILL", "Advice", "Budget", "advise", "memory_budget", "parse_size"]
 
@@ -134,11 +135,7 @@ def advise(
             fewer = dataclasses.replace(shapes, in_flight=in_flight_at(tasks))
             what = f"{tasks} tasks sampled at once ({fewer.in_flight} sequences in flight, from {shapes.in_flight})"
             levers.append(("explorer.max_concurrency", tasks, fewer, {}, what))
-    if (
-        shapes.rollout_engine
-        and cfg.explorer.rollout.dtype in (None, "float32")
-        and cfg.model.dtype == "float32"
-    ):
+    if shapes.rollout_engine and engine_dtype(cfg) == "float32" and cfg.model.dtype == "float32":
         levers.append(
             (
                 "explorer.rollout.dtype",

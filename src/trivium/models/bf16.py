@@ -106,26 +106,41 @@ def native_bf16(
 
 
 def rollout_dtype(
-    setting: str | None, weights: str | torch.dtype, device: str | torch.device
+    setting: str | None,
+    weights: str | torch.dtype,
+    device: str | torch.device,
+    engine_type: str = "transformers",
+    trainer_precision: str = "auto",
 ) -> tuple[torch.dtype, str]:
     """The dtype of the rollout engine's weights for ``explorer.rollout.dtype: setting`` over a policy
-    whose weights are ``weights`` on ``device``, and why. None: the policy's. ``auto``: bfloat16 where the
-    device multiplies bf16 natively (``native_bf16``) and the policy is float32; the policy's dtype
-    elsewhere. Decoding reads every weight once per token, so bf16 weights halve its memory traffic
-    (measured 1.35x faster sampling for a 25M model on an AVX-512-BF16 CPU, benchmarks/ladder.py); the
-    trainer's log-probs stay float32, and the gap is logged every step (``mismatch/*``)."""
+    whose weights are ``weights`` on ``device``, and why. None (the default): the policy's. ``auto``:
+    bfloat16 where the device multiplies bf16 natively (``native_bf16``), the policy is float32, the
+    engine is the in-process transformers one and ``trainer.precision`` is auto or bf16 (a run that asks
+    for fp32 training keeps fp32 rollouts); the policy's dtype elsewhere. Decoding reads every weight
+    once per token, so bf16 weights halve its memory traffic (a 25M model samples 1.15x and a 100M one 2.4x
+    faster on an AVX-512-BF16 CPU, benchmarks/decode_step.py); the trainer's log-probs stay float32, and the
+    gap is logged every step (``mismatch/*``). The quickstart learns the same with bf16 rollouts from the
+    transformers engine (docs/performance.md); vLLM's bf16 kernels sample differently and their learning is
+    not measured, so ``auto`` keeps vLLM engines at the policy's dtype (ask for ``bfloat16`` to have it)."""
     from trivium.models.loading import resolve_device, resolve_dtype
 
     device = resolve_device(device)
     weights = resolve_dtype(weights, device)
     if setting is None:
-        return weights, "the policy's dtype (explorer.rollout.dtype unset)"
+        return weights, "the policy's dtype"
     if setting != "auto":
         return resolve_dtype(setting, device), "asked for"
     if weights != torch.float32:
         return weights, f"the policy's weights are {weights} already"
+    if trainer_precision not in ("auto", "bf16"):
+        return weights, f"the policy's dtype under trainer.precision {trainer_precision}"
+    if engine_type != "transformers":
+        return (
+            weights,
+            f"the policy's dtype for {engine_type} engines (bf16 learning measured in-process only)",
+        )
     fast, why = native_bf16(device)
-    return (torch.bfloat16, f"auto: {why}") if fast else (torch.float32, f"auto: {why}")
+    return (torch.bfloat16 if fast else torch.float32), why
 
 
 def _cpu_has_bf16_instructions() -> bool:

@@ -62,7 +62,13 @@ class CollectiveSync:
             s.collective_backend,
             timeout_s=s.wait_timeout_s,
             versions=versions,
-            wire_dtype=rollout_dtype(cfg.explorer.rollout.dtype, cfg.model.dtype, cfg.model.device)[0],
+            wire_dtype=rollout_dtype(
+                cfg.explorer.rollout.dtype,
+                cfg.model.dtype,
+                cfg.model.device,
+                cfg.explorer.rollout.engine_type,
+                cfg.trainer.precision,
+            )[0],
         )
 
     def publish(self, weights: Mapping[str, torch.Tensor], version: int) -> dict[str, float]:

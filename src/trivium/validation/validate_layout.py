@@ -13,14 +13,21 @@ from trivium.validation.validate_vision import check_vision
 
 def engine_dtype(cfg: TriviumConfig) -> str:
     """The rollout engine's weight dtype on this machine (``explorer.rollout.dtype`` resolved, auto too)."""
+    return engine_dtype_why(cfg)[0]
+
+
+def engine_dtype_why(cfg: TriviumConfig) -> tuple[str, str]:
+    """``engine_dtype`` and why (``models.bf16.rollout_dtype``'s reason)."""
     from trivium.models.bf16 import rollout_dtype
 
     r = cfg.explorer.rollout
     try:
-        dtype = rollout_dtype(r.dtype, cfg.model.dtype, cfg.model.device)[0]
-    except ValueError:  # a device torch cannot use: check-config names it (model.device)
-        return r.dtype if r.dtype not in (None, "auto") else cfg.model.dtype
-    return str(dtype).removeprefix("torch.")
+        dtype, why = rollout_dtype(
+            r.dtype, cfg.model.dtype, cfg.model.device, r.engine_type, cfg.trainer.precision
+        )
+    except ValueError as e:  # a device torch cannot use: check-config names it (model.device)
+        return (r.dtype if r.dtype not in (None, "auto") else cfg.model.dtype), str(e)
+    return str(dtype).removeprefix("torch."), why
 
 
 def check_layout(cfg: TriviumConfig, at, check_files: bool) -> list[Problem]:
