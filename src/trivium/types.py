@@ -294,14 +294,31 @@ class TrainBatch:
 
     def model_inputs(self) -> dict[str, torch.Tensor | None]:
         """Keyword arguments of the model's forward pass for these rows (images included)."""
-        inputs = {
-            "input_ids": self.input_ids,
-            "attention_mask": self.attention_mask,
-            "position_ids": self.position_ids,
-        }
+        inputs = {"input_ids": self.input_ids, **self.attention_inputs()}
         if self.media is not None:
             inputs.update(self.media.model_inputs(self.input_ids))
         return inputs
+
+    def attention_inputs(self) -> dict[str, torch.Tensor | None]:
+        """``attention_mask`` and ``position_ids`` of the forward pass.
+
+        Right-padded rows (each row's real tokens a prefix, at positions 0, 1, ...: what ``collate`` builds)
+        drop the padding mask and count positions on through the padding: under causal attention a real
+        token sees only the tokens before it, which are all real, so its output is the same, and the
+        padding's outputs are never read. Without a mask transformers runs ``sdpa`` with ``is_causal``,
+        whose flash kernel skips the blocks above the diagonal that an explicit mask makes it compute
+        (a bf16 forward and backward at 25M on CPU: 1.6x faster at 4k tokens, 1.1x at 1k). Packed rows
+        (their mask is None already), other masks and image rows (M-RoPE reads the mask) are kept as is.
+        """
+        mask, positions = self.attention_mask, self.position_ids
+        if mask is None or self.media is not None:
+            return {"attention_mask": mask, "position_ids": positions}
+        real = mask.bool()
+        counted = torch.arange(mask.shape[1], device=mask.device).expand_as(positions)
+        prefix = bool((real[:, 1:] <= real[:, :-1]).all()) and bool((positions == counted)[real].all())
+        if not prefix:
+            return {"attention_mask": mask, "position_ids": positions}
+        return {"attention_mask": None, "position_ids": counted}
 
     def seq_to_tokens(self, values: torch.Tensor) -> torch.Tensor:
         """Broadcast a per-sequence tensor ``[N]`` to ``[R, L]`` (0 on padding)."""

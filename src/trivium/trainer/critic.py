@@ -39,8 +39,7 @@ class ValueModel(nn.Module):
     def forward(self, batch: TrainBatch) -> torch.Tensor:
         hidden = self.backbone(
             input_ids=batch.input_ids,
-            attention_mask=batch.attention_mask,
-            position_ids=batch.position_ids,
+            **batch.attention_inputs(),
             use_cache=False,
         ).last_hidden_state
         values = self.head(hidden[:, :-1]).squeeze(-1).float()
