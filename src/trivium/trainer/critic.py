@@ -70,6 +70,7 @@ class Critic:
         weights and AdamW state stay float32 and values are upcast to float32 (``ValueModel.forward``)."""
         self.precision = precision
         self.optim.set_precision(precision)
+        precision.prepare_attention(self.model)
 
     def _autocast(self):
         import contextlib

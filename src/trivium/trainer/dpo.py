@@ -44,6 +44,7 @@ class DpoTrainer:
         self.precision = choose_precision(
             cfg.precision, self.device, next(model.parameters()).dtype, model_probe(model, self.device)
         )
+        self.precision.prepare_attention(model, ref_model)
         if cfg.compile:
             compile_decoder_layers(model, self.precision.name, self.device.type)
         self.optim = Optimization(model, cfg, precision=self.precision)

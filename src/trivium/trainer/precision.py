@@ -17,6 +17,7 @@ The hardware probe and the bf16 emulation for CPUs without bf16 instructions are
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,6 +34,8 @@ from trivium.models.bf16 import (
 from trivium.trainer.probe_cache import remembered_speedup
 
 __all__ = ["AUTO_MIN_SPEEDUP", "Precision", "Probe", "choose_precision", "model_probe", "resolve"]
+
+log = logging.getLogger(__name__)
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -61,6 +64,18 @@ class Precision:
         """Context of every backward pass: bf16's matrix-product emulation on CPUs without bf16
         instructions (``models/bf16.py``), nothing elsewhere."""
         return bf16_emulation(self.device_type) if self.name == "bf16" else contextlib.nullcontext()
+
+    def prepare_attention(self, *models: torch.nn.Module | None) -> None:
+        """bf16 on CPU: the models' sdpa attention becomes ``models/attention.py``'s (sdpa's CPU flash kernel
+        is 2-2.5x slower at the short sequences of most RL samples; it is kept beyond ``SHORT_KEYS``)."""
+        if self.name == "bf16" and self.device_type == "cpu":
+            from trivium.models.attention import SHORT_KEYS, use_short_attention
+
+            if use_short_attention(*models):
+                log.info(
+                    "attention: Trivium's short-sequence bf16 attention up to %d keys, sdpa beyond",
+                    SHORT_KEYS,
+                )
 
     def grad_scaler(self) -> torch.amp.GradScaler | None:
         """Dynamic loss scaling, for fp16 only (bf16 has float32's exponent range)."""

@@ -115,6 +115,7 @@ class Trainer:
         )
         if self.parallel.is_leader:
             log.info("%s", self.precision.describe(cfg.precision))
+        self.precision.prepare_attention(model, ref_model, teacher_model)
         if cfg.compile:  # before the strategy's wrapping, as torchtitan does for FSDP2 (compile, then shard)
             compile_decoder_layers(model, self.precision.name, self.device.type)
         self.model = self.parallel.wrap(model)
