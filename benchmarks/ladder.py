@@ -262,7 +262,8 @@ def rung_result(args, rung: str, work: Path, rate: dict[str, float]) -> dict:
 SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
-def table(results: list[dict]) -> list[str]:
+def table(results: list[dict], today: str | None = None) -> list[str]:
+    """The results as markdown rows; a rung measured on another day than ``today`` says its date."""
     lines = [
         "| rung | params | run | dtypes train/rollout | s/step | vs TRL | rollout s (floor) | train s (floor) | "
         "generated tok/s | trained tok/s | peak RSS MB | doctor / measured |",
@@ -272,7 +273,8 @@ def table(results: list[dict]) -> list[str]:
         trl = r["trl"]
         for side in ("trl", "trivium"):
             x = r[side]
-            head = f"| {r['rung']} | {r['params'] / 1e6:,.1f}M | {'TRL' if side == 'trl' else 'Trivium'} |"
+            rung = r["rung"] if r.get("date", today) == today else f"{r['rung']} ({r['date']})"
+            head = f"| {rung} | {r['params'] / 1e6:,.1f}M | {'TRL' if side == 'trl' else 'Trivium'} |"
             if "failed" in x:
                 lines.append(f"{head} | {x['failed']} | | | | | | | |")
                 continue
@@ -332,6 +334,11 @@ def main() -> int:
     ap.add_argument("--trl-fp32", action="store_true", help="TRL without bf16")
     ap.add_argument("--no-memory", action="store_true", help="skip the doctor's check (a third run per rung)")
     ap.add_argument("--plot-only", action="store_true", help="redraw the plot from the --out prefix's JSON")
+    ap.add_argument(
+        "--keep",
+        action="store_true",
+        help="rungs not run this time keep their rows from the --out prefix's JSON (marked with their date)",
+    )
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--work", default=str(BENCH / "workdir" / "ladder"), help="models and data (reused)")
     ap.add_argument(
@@ -351,11 +358,16 @@ def main() -> int:
     rate = matmul_rate()
     results = []
     given = args.steps
+    when = datetime.date.today().isoformat()
     for rung in rungs:
         args.steps = given or (2 if RUNGS[rung][0] == "0.5B" else 3)
-        results.append(rung_result(args, rung, runs, rate))
+        results.append({**rung_result(args, rung, runs, rate), "date": when})
         print(f"{rung} done", file=sys.stderr, flush=True)
-    when = datetime.date.today().isoformat()
+    out = Path(args.out)
+    if args.keep and out.with_suffix(".json").exists():
+        new = {r["rung"]: r for r in results}
+        old = {r["rung"]: r for r in json.loads(out.with_suffix(".json").read_text())["results"]}
+        results = [new.get(rung) or old[rung] for rung in RUNGS if rung in new or rung in old]
     head = [
         f"# benchmarks/ladder.py ({when}, {os.cpu_count()} CPU threads, {platform.processor() or platform.machine()})",
         "",
@@ -367,9 +379,13 @@ def main() -> int:
         "estimate against the measured peak tensor memory (tests/launch/peak_rss.py, a 2-step run).",
         "",
     ]
-    text = "\n".join(head + table(results)) + "\n"
+    if any(r.get("date", when) != when for r in results):
+        head.append(
+            "Rungs marked with a date kept their rows from that day's run (`--keep`); the matmul rate above is today's."
+        )
+        head.append("")
+    text = "\n".join(head + table(results, when)) + "\n"
     print(text)
-    out = Path(args.out)
     out.with_suffix(".md").write_text(text)
     out.with_suffix(".json").write_text(json.dumps({"rate": rate, "results": results}, indent=1))
     plot(results, out.with_suffix(".png"))
