@@ -36,8 +36,10 @@ def partial_records(run_dir):
 
 
 def comparable(records):
-    """Metric records without the fields that depend on wall time."""
-    drop = ("time", "seconds", "per_s", "rss")
+    """Metric records without the fields that depend on wall time, nor on how the engine holds its weights
+    (``sync/shared_weights``: a local engine samples from the trainer's tensors, Ray's and DDP's hold copies;
+    the same numbers either way, ``test_shared_weights.py``)."""
+    drop = ("time", "seconds", "per_s", "rss", "sync/shared_weights")
     return [{k: v for k, v in r.items() if not any(d in k for d in drop)} for r in records]
 
 

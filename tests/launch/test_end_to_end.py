@@ -43,7 +43,7 @@ def learning(records):
     return sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4, sft_acc[-1], grpo[-1]["eval/test/accuracy"]
 
 
-def check_learned_and_complete(run_dir, records, bf16_somewhere=False):
+def check_learned_and_complete(run_dir, records, bf16_somewhere=False, engine_copy=False):
     grpo = [r for r in records if r["stage"] == "grpo"]
     first, last, sft_acc, end_acc = learning(records)
     assert last > first + 0.15, f"reward did not go up: {[r['rollout/reward_mean'] for r in grpo]}"
@@ -52,7 +52,10 @@ def check_learned_and_complete(run_dir, records, bf16_somewhere=False):
     gap = max(r["mismatch/logprob_abs_max"] for r in grpo)
     # (fp32 on both sides: the same numbers; bf16 rollouts or a bf16 trainer: a bf16-sized gap)
     assert (1e-3 < gap < 0.5) if bf16_somewhere else (gap < 1e-3), gap
-    assert all("sync/checksum_seconds" in r for r in grpo)  # every sync verified both sides equal
+    if engine_copy:  # every sync verified both sides equal
+        assert all("sync/checksum_seconds" in r for r in grpo)
+    else:  # the engine samples from the trainer's own tensors: nothing copied, nothing to verify
+        assert all(r["sync/shared_weights"] == 1.0 and "sync/checksum_seconds" not in r for r in grpo)
     assert (run_dir / "checkpoints" / "grpo" / "step_40" / "model" / "model.safetensors").exists()
     assert cli(["plot", str(run_dir)]) == 0
     assert (run_dir / "curves.png").stat().st_size > 10_000
@@ -78,7 +81,7 @@ def test_bf16_rollouts_learn_and_log_their_gap(tmp_path):
         # (read in the optimizer phase: it covers the training passes before it)
         assert r["train/peak_rss_mb"] >= r["rss/forward_backward"]
     assert any("rss/eval" in r for r in records if r["stage"] == "grpo")
-    check_learned_and_complete(run_dir, records, bf16_somewhere=True)
+    check_learned_and_complete(run_dir, records, bf16_somewhere=True, engine_copy=True)
 
 
 @pytest.mark.integration
@@ -92,7 +95,7 @@ def test_bf16_trainer_learns_as_well_as_fp32(fp32_run, tmp_path, caplog):
     with caplog.at_level("INFO", logger="trivium.trainer.trainer"):
         run_dir, records = run_e2e(tmp_path, precision="bf16")
     assert caplog.text.count("trainer.precision bf16 -> bf16") == 2  # the SFT stage's trainer and GRPO's
-    check_learned_and_complete(run_dir, records, bf16_somewhere=True)
+    check_learned_and_complete(run_dir, records, bf16_somewhere=True)  # fp32 rollouts: shared weights
     _, _, sft_acc, _ = learning(records)
     _, _, f_sft, _ = learning(fp32_run[1])
     assert abs(sft_acc - f_sft) <= 0.1, (sft_acc, f_sft)  # the SFT stage in bf16 learns as fp32's does

@@ -98,31 +98,77 @@ def load_policy(path: str, cfg: TriviumConfig):
     return policy, load_tokenizer(path)
 
 
-def rollout_policy(policy: torch.nn.Module, copy_policy: bool) -> tuple[torch.nn.Module, bool]:
-    """What rollout engines run of ``policy``: LoRA adapters merged into a copy of their own (docs/scale.md)."""
+ROLLOUT_WEIGHTS = ("copy", "take", "share")
+
+
+def rollout_policy(policy: torch.nn.Module, weights: str) -> tuple[torch.nn.Module, str]:
+    """What rollout engines run of ``policy`` and how they hold it (``build_rollout_model``): LoRA adapters
+    merged into a copy of their own, which the engine takes (docs/scale.md)."""
     from trivium.models import lora
 
+    if weights not in ROLLOUT_WEIGHTS:
+        raise ValueError(f"weights must be one of {ROLLOUT_WEIGHTS}, got {weights!r}")
     if lora.is_peft(policy):
-        return lora.merged_copy(policy), False
-    return policy, copy_policy
+        return lora.merged_copy(policy), "take"
+    return policy, weights
+
+
+def why_rollout_copies_weights(cfg: TriviumConfig) -> str:
+    """Why the stage's in-process rollout engine needs weights of its own, or ``""`` when it can sample from
+    the trainer's own weight tensors (``build_rollout_model``'s ``"share"``).
+
+    Sharing is exact when the engine samples only between train steps and every sample is meant to come
+    from the newest weights: mode both with ``synchronizer.method`` memory, ``sync_interval`` 1 and
+    ``sync_offset`` 0 (the explorer's step returns before the trainer's starts, and each published version
+    is the trainer's weights as they stand), or a dataset stage (SFT, DPO) whose engine only evaluates,
+    after the loop brings it the newest weights. The trainer must keep the tensors it was given (one rank,
+    ``trainer.strategy`` single, no LoRA) in the engine's dtype on its device (``build_rollout_model``
+    checks the dtype; the doctor's estimate too). A copy costs a model's weights of memory (2 GB for a
+    0.5B model in float32) and a copy of them at every sync."""
+    r, s, t = cfg.explorer.rollout, cfg.synchronizer, cfg.trainer
+    if cfg.mode not in ("both", "train") or (cfg.mode == "train" and cfg.buffer.storage is not None):
+        return f"mode {cfg.mode}: no trainer in this process samples from the engine's model"
+    if cfg.cluster.backend != "local":
+        return f"cluster.backend {cfg.cluster.backend}: the engines run in processes of their own"
+    if r.engine_type != "transformers":
+        return f"explorer.rollout.engine_type {r.engine_type} loads the weights into its own memory"
+    if cfg.model.lora is not None:
+        return "model.lora: the engine samples from the adapters merged into a copy"
+    if t.strategy != "single" or t.world_size != 1:
+        return f"trainer.strategy {t.strategy} over {t.world_size} rank(s) wraps or shards the weights"
+    if cfg.mode == "both":
+        if s.method != "memory":
+            return f"synchronizer.method {s.method} sends copies"
+        if s.sync_interval != 1 or s.sync_offset != 0:
+            return (
+                f"synchronizer.sync_interval {s.sync_interval} / sync_offset {s.sync_offset}: the engine "
+                "samples from older weights while the trainer updates its own"
+            )
+        if r.in_flight_updates:
+            return "explorer.rollout.in_flight_updates: the engine loads weights inside a running batch"
+    return ""
 
 
 def build_rollout_model(
-    policy: torch.nn.Module, tokenizer, cfg: TriviumConfig, version: int, *, copy_policy: bool = True
+    policy: torch.nn.Module, tokenizer, cfg: TriviumConfig, version: int, *, weights: str = "copy"
 ):
-    """A batching rollout engine over its own copy of the policy weights (synced in memory).
+    """A batching rollout engine over ``policy``'s weights, held as ``weights`` says (see below).
 
-    ``explorer.rollout.engine_type``: 'transformers' deep-copies the policy into an in-process engine (or,
-    with ``copy_policy=False``, when nothing trains the policy in this process, takes it over: it is cast to
-    ``explorer.rollout.dtype`` and put in eval mode), with ``explorer.rollout.dtype``/``autocast_dtype``; 'vllm'
-    starts vLLM on the policy's current weights (written with save_pretrained to a temporary folder that lives
-    as long as the engine, since vLLM loads from a folder) or, in a later stage of the same process, reuses
-    the engine already running and loads the policy's weights into it in place (see models/vllm_engine.py).
+    ``explorer.rollout.engine_type``: 'transformers' runs an in-process engine with
+    ``explorer.rollout.dtype``/``autocast_dtype``, over a deep copy of the policy (``weights`` "copy", synced
+    in memory), over the policy itself ("take": nothing trains it in this process; it is cast to the
+    rollout dtype and put in eval mode), or over a module tree of its own (its own config, buffers and eval
+    mode) whose parameters are the policy's own tensors ("share", where ``why_rollout_copies_weights`` says
+    nothing stands against it: the trainer's updates are the engine's, a publish copies nothing; taken only
+    when the rollout dtype is the policy's, else a copy). 'vllm' starts vLLM on the policy's current
+    weights (written with save_pretrained to a temporary folder that lives as long as the engine, since
+    vLLM loads from a folder) or, in a later stage of the same process, reuses the engine already running
+    and loads the policy's weights into it in place (see models/vllm_engine.py).
     """
     from trivium.models.batching import BatchingRolloutModel
     from trivium.models.bf16 import rollout_dtype
 
-    policy, copy_policy = rollout_policy(policy, copy_policy)
+    policy, weights = rollout_policy(policy, weights)
     r = cfg.explorer.rollout
     param = next(policy.parameters())
     dtype, why = rollout_dtype(r.dtype, param.dtype, param.device, r.engine_type, cfg.trainer.precision)
@@ -145,7 +191,17 @@ def build_rollout_model(
 
     from trivium.models.transformers_engine import TransformersEngine
 
-    if copy_policy:
+    if weights == "share" and dtype != param.dtype:
+        log.info(
+            "rollout engine: a %s copy of the %s weights (explorer.rollout.dtype), not the trainer's own",
+            str(dtype).removeprefix("torch."),
+            str(param.dtype).removeprefix("torch."),
+        )
+        weights = "copy"
+    if weights == "share":
+        policy = sharing_copy(policy)
+        log.info("rollout engine: samples from the trainer's own weight tensors (no copy of its own)")
+    elif weights == "copy":
         policy = copy.deepcopy(policy).eval()
         for p in policy.parameters():
             p.requires_grad_(False)
@@ -161,6 +217,13 @@ def build_rollout_model(
     engine.version = version
     engine.vision = vision_processor(cfg, policy)
     return BatchingRolloutModel(engine)
+
+
+def sharing_copy(policy: torch.nn.Module) -> torch.nn.Module:
+    """A module tree of its own (config, buffers, train/eval flags, attention implementation) whose
+    parameters are ``policy``'s very tensors, in eval mode: what the trainer changes, it samples from."""
+    memo = {id(p): p for p in policy.parameters()}
+    return copy.deepcopy(policy, memo).eval()
 
 
 def image_store_root(cfg: TriviumConfig) -> Path:

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from trivium.launch.build import why_rollout_copies_weights
 from trivium.launch.memory_estimate import DTYPE_BYTES, Estimate, ModelShape, Shapes, estimate, mib
 from trivium.launch.placement import PLACEMENTS
 from trivium.trainer.parallel import STRATEGIES, micro_cap, micro_rows
@@ -204,7 +205,7 @@ def stage_facts(stage, index: int, count: int, memory: float | None = None) -> S
         est = estimate(shape, s, cfg.model.dtype, rollout_dtype or engine_dtype(cfg), shards, autocast)
         if not trains:  # the engine takes the policy over (no copy): its weights, KV cache and prefill only
             est.parts.pop("trainer")
-            est.steady, est.train_transient, est.heap = est.parts["rollout"]["weights"], 0.0, 0.0
+            est.steady, est.train_transient, est.heap = est.parts["rollout"].get("weights", 0.0), 0.0, 0.0
         return est
 
     est = estimate_with(shapes)
@@ -419,6 +420,7 @@ def _shapes(
         frozen_copies=1 if needs_ref and cfg.model.lora is None else 0,
         critic=preset.needs_critic,
         rollout_engine=in_flight > 0 and r.engine_type == "transformers" and in_driver,
+        rollout_shares_weights=not why_rollout_copies_weights(cfg),
         overlap=cfg.synchronizer.sync_offset > 0,
         moment_bytes=2 if cfg.trainer.optimizer_state_dtype == "bfloat16" else 0,
     )
@@ -466,6 +468,8 @@ def memory_lines(shape: ModelShape, shapes: Shapes, est: Estimate, cfg) -> list[
     for role, parts in est.parts.items():
         if role == "rollout":
             note = f"rollout ({rdtype}, {shapes.in_flight} sequences in flight x {shapes.rollout_seq} tokens)"
+            if "weights" not in parts:
+                note += ", sampling from the trainer's weights"
         else:
             note = (
                 f"trainer (micro-batch {shapes.rows_per_micro} x {shapes.seq_len} tokens, "

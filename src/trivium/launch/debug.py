@@ -96,7 +96,7 @@ def debug_stage(
     path = build.ensure_model(cfg, run_dir_of(run_cfg))
     t0 = time.perf_counter()
     policy, tokenizer = build.load_policy(path, cfg)
-    model = build.build_rollout_model(policy, tokenizer, cfg, version=0, copy_policy=False)
+    model = build.build_rollout_model(policy, tokenizer, cfg, version=0, weights="take")
     say(f"stage {chosen.name}: model {path} (loaded in {time.perf_counter() - t0:.1f} s)")
     say(f"task {the_task.task_id} (workflow {the_task.workflow}, reward {the_task.reward_fn}, "
         f"{the_task.repeat_times} sample(s)): {json.dumps(dict(the_task.data), default=str)[:300]}")  # fmt: skip

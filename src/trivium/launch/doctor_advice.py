@@ -17,7 +17,8 @@ What is suggested, and what is not:
   model's pass at start and takes bf16 only where it pays.
 - Where even one row a pass does not fit, one lever at a time, each with the rows that then fit:
   ``explorer.max_concurrency`` (fewer tasks sampled at once: a smaller KV cache, when sampling is the larger
-  part), ``explorer.rollout.dtype: bfloat16`` (the in-process engine's copy of the weights and its KV cache in half),
+  part), ``explorer.rollout.dtype: bfloat16`` (the in-process engine's copy of the weights and its KV cache in
+  half; an engine that samples from the trainer's float32 weights gets a bf16 copy of its own instead),
   ``trainer.optimizer_state_dtype: bfloat16`` (AdamW's two moments in half; not with FSDP2, which shards them),
   ``model.lora`` (rank 16: the optimizer state and gradients of the adapters only), and on CUDA
   ``trainer.strategy: fsdp2`` over 2, 4 or 8 GPUs (weights, gradients and optimizer state sharded; on a CPU
@@ -142,7 +143,9 @@ def advise(
                 "bfloat16",
                 shapes,
                 {"rollout_dtype": "bfloat16"},
-                "the engine's weights in half",
+                "the engine's KV cache in half, a bf16 copy of the weights"
+                if shapes.rollout_shares_weights
+                else "the engine's weights in half",
             )
         )
     if (

@@ -12,7 +12,8 @@ Every figure is bytes of tensors, counted from shapes and dtypes (docs/observabi
   a model the trainer cannot project that way (logit soft-capping, no ``logits_to_keep``) gets logits
   for every position. Tied embeddings add one more ``vocab x hidden`` gradient while the head's and the
   embedding's parts of the shared matrix's gradient are summed;
-- rollout (transformers engine, in the same process): its own copy of the weights (rollout dtype), the KV
+- rollout (transformers engine, in the same process): its own copy of the weights (rollout dtype; none where
+  it samples from the trainer's own tensors, ``build.why_rollout_copies_weights``, in the weights' dtype), the KV
   cache of every sequence in flight at its longest (2 x layers x kv width x tokens), and the prefill's
   activations (one layer's MLP at a time, logits of the last position only);
 - the run's peak: weights and optimizer state stay for the whole step; training (activations and gradients)
@@ -90,6 +91,7 @@ class Shapes:
     frozen_copies: int  # frozen full copies of the policy in the trainer (reference model)
     critic: bool = False
     rollout_engine: bool = True  # a transformers engine in this process
+    rollout_shares_weights: bool = False  # ... that samples from the trainer's tensors when of their dtype
     overlap: bool = False  # sampling and training at the same time (sync_offset > 0)
     head_chunk: int = 0  # loss tokens per chunk of the vocabulary head (ChunkedLogProbs); 0: not chunked
     moment_bytes: int = 0  # bytes of each of AdamW's two moments a parameter; 0: the weights' (bf16: 2)
@@ -155,9 +157,11 @@ def estimate(
         kv = s.in_flight * shape.layers * 2 * shape.kv_width * s.rollout_seq * rb
         # the prefill: one layer's hidden states and MLP at a time, for every sequence (logits: last only)
         prefill = s.in_flight * s.rollout_seq * (2 * shape.hidden + 3 * shape.intermediate) * rb
-        rollout = {"weights": shape.params * rb, "KV cache": kv, "activations": prefill}
+        rollout = {"KV cache": kv, "activations": prefill}
+        if not (s.rollout_shares_weights and rollout_dtype == model_dtype):
+            rollout = {"weights": shape.params * rb, **rollout}
         out.parts["rollout"] = rollout
-        out.steady += rollout["weights"]
+        out.steady += rollout.get("weights", 0.0)
         out.rollout_transient = kv + prefill
     return out
 

@@ -11,6 +11,7 @@ by ``cluster.backend``'s name and loads its built-ins on first use: this module 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -18,6 +19,8 @@ from typing import Any, Protocol
 from trivium.launch import build
 from trivium.registry import Registry
 from trivium.trainer.parallel import STRATEGIES
+
+log = logging.getLogger(__name__)
 
 __all__ = ["PLACEMENTS", "ExplorerHandle", "LocalPlacement", "Placement", "placement_of", "start_explorer"]
 
@@ -45,8 +48,9 @@ class Placement(Protocol):
     def open(self, run_cfg, config_dir: Path) -> None:
         """Before the first stage: connect to what runs the roles, and check that every stage fits."""
 
-    def rollout_engine(self, policy, tokenizer, cfg, version: int, *, copy_policy: bool = True) -> Any:
-        """The stage's batching rollout model (``build.build_rollout_model`` says what each setting means)."""
+    def rollout_engine(self, policy, tokenizer, cfg, version: int, *, weights: str = "copy") -> Any:
+        """The stage's batching rollout model; ``weights``: copy, take or share the policy's (engines in this
+        process: ``build.build_rollout_model`` says what each means; engines elsewhere load copies)."""
 
     def explorer(
         self, cfg, state, model, taskset=None, queue=None, failure_log: Path | None = None
@@ -83,7 +87,11 @@ def start_explorer(cfg, state, taskset=None, queue=None, failure_log: Path | Non
     """The stage's explorer over rollout engines of ``state.model``, both where ``cluster.backend`` puts
     them; without ``taskset``, an evaluation-only explorer."""
     place = placement_of(cfg)
-    model = place.rollout_engine(state.model, state.tokenizer, cfg, state.version)
+    why_copy = build.why_rollout_copies_weights(cfg)  # "": the engine samples from the trainer's weights
+    if why_copy:
+        log.debug("rollout engine: weights of its own (%s)", why_copy)
+    weights = "copy" if why_copy else "share"
+    model = place.rollout_engine(state.model, state.tokenizer, cfg, state.version, weights=weights)
     return place.explorer(cfg, state, model, taskset, queue, failure_log)
 
 
@@ -96,8 +104,8 @@ class LocalPlacement:
     def open(self, run_cfg, config_dir: Path) -> None:
         pass
 
-    def rollout_engine(self, policy, tokenizer, cfg, version: int, *, copy_policy: bool = True) -> Any:
-        return build.build_rollout_model(policy, tokenizer, cfg, version, copy_policy=copy_policy)
+    def rollout_engine(self, policy, tokenizer, cfg, version: int, *, weights: str = "copy") -> Any:
+        return build.build_rollout_model(policy, tokenizer, cfg, version, weights=weights)
 
     def explorer(self, cfg, state, model, taskset=None, queue=None, failure_log: Path | None = None) -> Any:
         return build.make_explorer(cfg, state, taskset, queue, failure_log, model=model)

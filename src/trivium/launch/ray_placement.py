@@ -25,11 +25,11 @@ class RayPlacement:
         for stage in run_cfg.stages:  # every stage's requests, before any actor starts
             cluster.check_fits(stage_requests(stage.config))
 
-    def rollout_engine(self, policy, tokenizer, cfg, version: int, *, copy_policy: bool = True) -> Any:
+    def rollout_engine(self, policy, tokenizer, cfg, version: int, *, weights: str = "copy") -> Any:
         from trivium.launch.ray_engines import EnginePool
         from trivium.models.batching import BatchingRolloutModel
 
-        policy, _ = build.rollout_policy(policy, copy_policy)
+        policy, _ = build.rollout_policy(policy, weights)  # each actor loads a copy of its own
         pool = EnginePool.start(RayCluster.current(), policy, tokenizer, cfg, version, stage=cfg.name)
         return BatchingRolloutModel(pool)
 

@@ -244,7 +244,7 @@ def serve(cfg, run_dir: Path, policy=None, tokenizer=None, stop: threading.Event
     s = cfg.serve
     # explorer.rollout picks the engine (transformers or vllm) and its dtype; nothing trains the policy in
     # this process, so the in-process engine takes it over instead of copying it.
-    model = placement_of(cfg).rollout_engine(policy, tokenizer, cfg, version=0, copy_policy=False)
+    model = placement_of(cfg).rollout_engine(policy, tokenizer, cfg, version=0, weights="take")
     follower = WeightFollower(
         build_weight_sync(cfg, run_dir, "rollout", engine=model), model, s.poll_interval_s
     )

@@ -129,6 +129,12 @@ class BatchingRolloutModel:
     def state_dict(self) -> dict[str, Tensor]:
         return self.engine.state_dict()
 
+    def holds_weights(self, state_dict: Mapping[str, Tensor]) -> bool:
+        """Whether ``state_dict``'s tensors are the engine's own (an in-process engine over the trainer's
+        weights); False for engines that keep weights in memory of their own (vLLM, Ray actors)."""
+        holds = getattr(self.engine, "holds_weights", None)
+        return holds is not None and holds(state_dict)
+
     @property
     def weights_dtype(self):
         return self.engine.weights_dtype

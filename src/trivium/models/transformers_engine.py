@@ -61,6 +61,7 @@ from trivium.models.protocol import (
 from trivium.models.sampling import sample_next
 from trivium.models.stopping import StopChecker
 from trivium.models.vision import PromptImages
+from trivium.models.weights import same_tensors
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -206,15 +207,18 @@ class TransformersEngine:
 
         Keys and shapes must match the model's exactly (checked before anything is copied, so a rejected
         update leaves the weights untouched). Tied weights (``lm_head.weight`` tied to the embeddings) may be
-        left out, as safetensors checkpoints do.
+        left out, as safetensors checkpoints do. Tensors that are the engine's own (an engine that samples
+        from the trainer's weights, ``launch/build.py``'s "share") are in place already: only the version
+        moves.
         """
+        own = self.model.state_dict()
         full = checked_state_dict(
-            state_dict,
-            self.model.state_dict(),
-            self.model.all_tied_weights_keys,
-            version,
-            type(self.model).__name__,
+            state_dict, own, self.model.all_tied_weights_keys, version, type(self.model).__name__
         )
+        if same_tensors(full, own):
+            with self._lock:
+                self.version = version
+            return
         if not self.in_flight_updates:
             with self._lock, torch.no_grad():
                 self.model.load_state_dict(full, strict=True)
@@ -250,6 +254,11 @@ class TransformersEngine:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.model.state_dict()
+
+    def holds_weights(self, state_dict: Mapping[str, torch.Tensor]) -> bool:
+        """Whether ``state_dict``'s tensors are the engine's own (an engine over the trainer's weights):
+        loading them changes nothing and there is no copy to verify (``sync/memory.py``)."""
+        return same_tensors(state_dict, self.model.state_dict())
 
     @property
     def weights_dtype(self) -> torch.dtype:

@@ -74,11 +74,26 @@ def check_finite(state: Mapping[str, torch.Tensor], version: int, where: str) ->
     """Raise ``WeightSyncError`` when a floating-point weight holds NaN or inf: such a version is never
     published or loaded (every sample of it would be garbage; the trainer's guard should have stopped it)."""
     for name, t in state.items():
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        # a sum is finite unless an element is not (or the sum overflows: then every element is looked at);
+        # one pass over the weights instead of isfinite's two (0.9 -> ~0.2 s at 0.5B parameters)
+        if t.is_floating_point() and not torch.isfinite(t.sum()) and not bool(torch.isfinite(t).all()):
             raise WeightSyncError(
                 f"weights version {version} ({where}): {name} holds NaN or inf; the version is refused. The "
                 "trainer skips non-finite updates (trainer.skip_grad_norm): was it written by something else?"
             )
+
+
+def same_tensors(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> bool:
+    """Whether ``a`` and ``b`` hold the very same tensors under the same names (views of the same memory with
+    the same layout): loading one into the other would change nothing, and there is nothing to verify."""
+    return a.keys() == b.keys() and all(
+        x.data_ptr() == y.data_ptr()
+        and x.dtype == y.dtype
+        and x.device == y.device
+        and x.shape == y.shape
+        and x.stride() == y.stride()
+        for x, y in ((a[k], b[k]) for k in a)
+    )
 
 
 def untie(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
