@@ -333,6 +333,12 @@ def main() -> int:
     )
     ap.add_argument("--trl-fp32", action="store_true", help="TRL without bf16")
     ap.add_argument("--no-memory", action="store_true", help="skip the doctor's check (a third run per rung)")
+    ap.add_argument(
+        "--memory-only",
+        action="store_true",
+        help="only the doctor's check of --rungs, written into their rows of the --out prefix's JSON (the "
+        "timings kept)",
+    )
     ap.add_argument("--plot-only", action="store_true", help="redraw the plot from the --out prefix's JSON")
     ap.add_argument(
         "--keep",
@@ -355,6 +361,8 @@ def main() -> int:
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     runs = Path(tempfile.mkdtemp(prefix="trivium-ladder-", dir=work))
+    if args.memory_only:
+        return memory_only(args, rungs, runs, Path(args.out))
     rate = matmul_rate()
     results = []
     given = args.steps
@@ -384,11 +392,44 @@ def main() -> int:
             "Rungs marked with a date kept their rows from that day's run (`--keep`); the matmul rate above is today's."
         )
         head.append("")
+    write(out, head, results, rate, when)
+    return 0
+
+
+def write(out: Path, head: list[str], results: list[dict], rate: dict, when: str) -> None:
     text = "\n".join(head + table(results, when)) + "\n"
     print(text)
     out.with_suffix(".md").write_text(text)
-    out.with_suffix(".json").write_text(json.dumps({"rate": rate, "results": results}, indent=1))
+    out.with_suffix(".json").write_text(
+        json.dumps({"rate": rate, "results": results, "head": head}, indent=1)
+    )
     plot(results, out.with_suffix(".png"))
+
+
+def memory_only(args, rungs: list[str], work: Path, out: Path) -> int:
+    """``--memory-only``: the doctor's estimate and the measured peak of ``rungs`` again, into their rows."""
+    saved = json.loads(out.with_suffix(".json").read_text())
+    rows = {r["rung"]: r for r in saved["results"]}
+    when = datetime.date.today().isoformat()
+    for rung in rungs:
+        if rung not in rows:
+            raise SystemExit(f"--memory-only: {out.with_suffix('.json')} has no row of {rung}: run it first")
+        shape, prompt, _, prompts, _ = RUNGS[rung]
+        args.steps = 2
+        model = make_model(shape, Path(args.work).resolve() / "models" / shape)
+        data = make_prompts(model, prompt, prompts * args.steps, work / f"{rung}.jsonl")
+        config = trivium_config(args, model, data, rung, work)
+        rows[rung]["doctor_mib"] = doctor_and_dtypes(config, args.overrides)[0]
+        rows[rung]["measured_mib"] = measure(config, *args.overrides, "buffer.total_steps=2")["peak_mb"]
+        rows[rung]["memory_date"] = when
+        print(f"{rung}: doctor {rows[rung]['doctor_mib']:,.0f} / measured {rows[rung]['measured_mib']:,.0f}")
+    head = saved.get("head")
+    if head is None:  # a results file from before the head was kept: the report's lines above its table
+        lines = out.with_suffix(".md").read_text().splitlines()
+        head = lines[: next(i for i, line in enumerate(lines) if line.startswith("| rung"))]
+    head = [line for line in head if "(`--memory-only`)" not in line]
+    note = f"doctor / measured of {', '.join(rungs)} re-measured {when} (`--memory-only`)."
+    write(out, [*head, note, ""], list(rows.values()), saved["rate"], rows[rungs[0]].get("date", when))
     return 0
 
 

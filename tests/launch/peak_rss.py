@@ -3,13 +3,18 @@
 
 What "measured peak" means here (what ``trivium doctor`` estimates is tensors, not the interpreter): at the
 start of the run's first step (the first explore or train step), the bytes of every live CPU tensor storage
-(found through the garbage collector: the policy, the rollout engine's copy, frozen models) are counted, and
-the resident memory (RSS) is read; at the end the kernel's high-water mark (VmHWM) is read. The peak is
+(found through the garbage collector: the policy, the rollout engine's copy, frozen models) are counted and
+read once (weights mapped from a safetensors file join RSS only when read), and the resident memory (RSS) is
+read; at the end the kernel's high-water mark (VmHWM) is read. The peak is
 
     tensors at the first step + (VmHWM at the end - RSS at the first step)
 
 that is, what was live when stepping began plus everything the steps added at their fullest: gradients,
-optimizer state, activations, KV caches (and the little the steps' Python objects add). Left out on purpose:
+optimizer state, activations, KV caches (and the little the steps' Python objects add). The high-water
+mark is reset at the first step (``5`` written to ``/proc/self/clear_refs``, Linux 4.0+), so a peak of
+the set-up (loading a model: its random initialisation and the loaded weights side by side) is not taken
+for one of the steps; where the reset is refused, the mark since the start is read (``hwm_reset`` false)
+and the figure may hold the set-up's peak. Left out on purpose:
 the interpreter, the libraries and the run's set-up (its data read into Python objects, the tokenizer), ~100
 MiB on the quickstart, which the doctor does not estimate. Run it with ``MALLOC_MMAP_THRESHOLD_=65536``
 (``measure`` does): glibc then serves every block of 64 KiB or more (every tensor that matters) with its own
@@ -80,16 +85,26 @@ def _first_step_mark(method, start: dict):
 
     def step(self, *args, **kwargs):
         if not start:
-            start.update(
-                tensors_mb=live_tensor_bytes() / 2**20, rss_mb=rss_mb(), hwm_before_mb=rss_mb("VmHWM")
-            )
+            start.update(tensors_mb=live_tensor_bytes() / 2**20, hwm_before_mb=rss_mb("VmHWM"))
+            start.update(rss_mb=rss_mb(), hwm_reset=reset_hwm())
         return method(self, *args, **kwargs)
 
     return step
 
 
+def reset_hwm() -> bool:
+    """Set this process's high-water mark (VmHWM) to its resident memory now; False where not allowed."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return rss_mb("VmHWM") <= rss_mb() + 1
+
+
 def live_tensor_bytes() -> int:
-    """Bytes of every distinct CPU tensor storage the garbage collector can reach."""
+    """Bytes of every distinct CPU tensor storage the garbage collector can reach, each read once so that
+    it is resident: weights loaded from a safetensors file are mapped pages that join RSS only when first
+    read, and a step that first reads them would count them again as memory it added."""
     import gc
 
     import torch
@@ -98,8 +113,12 @@ def live_tensor_bytes() -> int:
     for obj in gc.get_objects():
         if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
             storage = obj.untyped_storage()
-            storages[storage.data_ptr()] = storage.nbytes()
-    return sum(storages.values())
+            storages[storage.data_ptr()] = storage
+    with torch.no_grad():
+        for storage in storages.values():
+            if storage.nbytes():
+                torch.tensor([], dtype=torch.uint8).set_(storage).sum()
+    return sum(s.nbytes() for s in storages.values())
 
 
 if __name__ == "__main__":
