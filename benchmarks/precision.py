@@ -5,13 +5,15 @@
     python benchmarks/precision.py --report             # the table and plot from the runs already made
     python benchmarks/precision.py --precisions bf16 bf16-rollouts --seeds 0 1 2 --results precision_rollouts
                                                         # bf16 rollout weights too (explorer.rollout.dtype)
-    python benchmarks/precision.py --workload w25m --precisions bf16 bf16-rollouts --seeds 0 \
-        --results precision_rollouts_w25m               # the same question on the 25M workload (W2)
+    python benchmarks/precision.py --workload w25m --precisions bf16 bf16-rollouts-is --seeds 0 \
+        --share-sft --results precision_rollouts_w25m   # the same question on the 25M workload (W2), with
+                                                        # the rollout correction bf16 rollouts now get; one
+                                                        # SFT stage for both (~15 min), GRPO side by side
     python benchmarks/precision.py --redo-stage grpo    # rerun only the GRPO stage of the runs made, from
                                                         # their SFT checkpoints (after a GRPO recipe change)
 
 Each run is `trivium run --config examples/quickstart/grpo_word_problems.yaml` (`--workload w25m`:
-benchmarks/w25m_grpo.yaml, the 25M model, 400 SFT steps and 40 GRPO steps of 16 x 8) with `--set seed=S` and
+benchmarks/w25m_grpo.yaml, the 25M model, 400 SFT steps and 50 GRPO steps of 16 x 8) with `--set seed=S` and
 `--set trainer.precision=P` (both stages), in its own process, under benchmarks/workdir/precision/. On a
 CPU without bf16 instructions `bf16` runs with bf16's numerics through the matrix-product emulation of
 `trivium/models/bf16.py` (the same results as a native bf16 CPU up to summation order, at about fp32's
@@ -48,6 +50,12 @@ VARIANTS = {
     "fp32": ["trainer.precision=fp32"],
     "bf16": ["trainer.precision=bf16"],
     "bf16-rollouts": ["trainer.precision=bf16", "explorer.rollout.dtype=bfloat16"],
+    # ... with the truncated importance sampling that algorithm.rollout_is_cap unset turns on for them
+    "bf16-rollouts-is": [
+        "trainer.precision=bf16",
+        "explorer.rollout.dtype=bfloat16",
+        "stages.1.algorithm.rollout_is_cap=2",  # the GRPO stage (SFT has no rollouts to correct)
+    ],
 }
 
 
@@ -62,8 +70,26 @@ class Workload:
 WORKLOADS = {
     "quickstart": Workload(REPO / "examples" / "quickstart" / "grpo_word_problems.yaml", 800, 100, 0.30),
     # The 25M model (hidden 512, 8 layers) on the explained word problems, ~100-token answers (W2).
-    "w25m": Workload(REPO / "benchmarks" / "w25m_grpo.yaml", 400, 40, 0.05),
+    "w25m": Workload(REPO / "benchmarks" / "w25m_grpo.yaml", 400, 50, 0.05),
 }
+
+
+def w25m_learn_data(work: Path) -> Path:
+    """The w25m learning check's data, written once into ``work/w25m-learn-data``: the explained word
+    problems with two or three steps (the engine benchmark's W2 data has three to five, on which the SFT
+    model was right on 1 of 64 test problems and GRPO found almost nothing to reinforce), 20,000 SFT rows
+    (with 4,000 the 400 SFT steps of 32 went over them three times, and the model recited its training
+    rows, nll 0.04, while getting 24 of 44 sampled equations wrong) and 128 test problems."""
+    from trivium.tasks.word_problems import write_word_problems
+
+    data = work / "w25m-learn-data"
+    if not (data / "test.jsonl").exists():
+        write_word_problems(
+            data, seed=0, n_train=2000, n_test=128, n_sft=20000, style="explained", steps=(2, 3)
+        )
+    return data
+
+
 WORKLOAD = "quickstart"  # set by --workload
 
 
@@ -76,10 +102,10 @@ def log_path(precision: str, seed: int) -> Path:
     return WORKDIR / f"{prefix}{precision}-seed{seed}.log"
 
 
-def run_one(precision: str, seed: int, threads: int) -> dict:
+def run_one(precision: str, seed: int, threads: int, config: Path | None = None) -> dict:
     out = run_dir(precision, seed)
     cmd = [
-        "trivium", "run", "--config", str(WORKLOADS[WORKLOAD].config),
+        "trivium", "run", "--config", str(config or WORKLOADS[WORKLOAD].config),
         "--set", f"seed={seed}",
         *[arg for setting in VARIANTS[precision] for arg in ("--set", setting)],
         "--set", f"name={out.name}",
@@ -88,6 +114,8 @@ def run_one(precision: str, seed: int, threads: int) -> dict:
         "--set", f"runtime.num_threads={threads}",
     ]  # fmt: skip
     log = log_path(precision, seed)
+    if config is not None:  # a stage alone (share_first_stage): a log of its own, the run's is the next
+        log = log.with_name(f"{log.stem}{config.stem}.log")
     t0 = time.perf_counter()
     with log.open("w") as f:
         rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO).returncode
@@ -121,6 +149,40 @@ def read_run(precision: str, seed: int) -> dict | None:
         "seconds": rows[-1].get("time"),
         "trainer_precision": chosen,
     }
+
+
+def share_first_stage(precisions: list[str], seed: int, threads: int, sft_seed: int | None = None) -> None:
+    """Train the first stage (SFT) once, as ``precisions[0]`` with seed ``sft_seed`` (default ``seed``) on
+    ``threads`` threads, and give every variant of ``seed`` a copy of that run folder cut after the first
+    stage, so that each then runs only the second stage, from the same checkpoint. For variants whose first
+    stage trains alike (bf16 and bf16-rollouts: rollout weights matter only where the run samples): the SFT
+    model's accuracy is then the first variant's evaluation of it. With ``sft_seed`` other than ``seed`` the
+    second stage samples and shuffles with ``seed`` from the ``sft_seed`` SFT model (more RL seeds for one
+    SFT run)."""
+    import yaml
+
+    sft_seed = seed if sft_seed is None else sft_seed
+    source, config = run_dir(precisions[0], sft_seed), WORKLOADS[WORKLOAD].config
+    cfg = yaml.safe_load(config.read_text())
+    stage, later = cfg["stages"][0]["name"], [st["name"] for st in cfg["stages"][1:]]
+    if not (source / "checkpoints" / stage / f"step_{WORKLOADS[WORKLOAD].sft_steps}").is_dir():
+        # A config of the first stage alone, beside the original (its relative paths stay right).
+        only = config.with_name(f".{config.stem}.{stage}-only.yaml")
+        only.write_text(yaml.safe_dump({**cfg, "stages": cfg["stages"][:1]}, sort_keys=False))
+        try:
+            done = run_one(precisions[0], sft_seed, threads, config=only)
+        finally:
+            only.unlink()
+        if done["rc"] != 0:
+            raise SystemExit(f"the shared {stage} stage of seed {sft_seed} failed: see its log")
+    for precision in precisions:
+        target = run_dir(precision, seed)
+        if target == source or target.exists():
+            continue
+        shutil.copytree(source, target)
+        for name in later:  # the source may have run them already
+            redo_stage(precision, seed, name)
+        print(f"{target.name}: {stage} stage copied from {source.name}", flush=True)
 
 
 def redo_stage(precision: str, seed: int, stage: str) -> bool:
@@ -179,7 +241,7 @@ def report(precisions: list[str], seeds: list[int], min_gain: float, max_gap: fl
     verdicts.append(f"every run gains >= {100 * min_gain:+.0f} points: " + ("yes" if not bad else
                     "NO (" + ", ".join(f"{r['precision']} seed {r['seed']} {100 * r['gain']:+.1f}" for r in bad) + ")"))  # fmt: skip
     gaps = []
-    for variant, baseline in (("bf16", "fp32"), ("bf16-rollouts", "bf16")):
+    for variant, baseline in (("bf16", "fp32"), ("bf16-rollouts", "bf16"), ("bf16-rollouts-is", "bf16")):
         if variant in summary and baseline in summary:
             gap = summary[variant]["mean_gain"] - summary[baseline]["mean_gain"]
             gaps.append(gap)
@@ -211,7 +273,12 @@ def plot(runs: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    colours = {"fp32": "tab:blue", "bf16": "tab:orange", "bf16-rollouts": "tab:green"}
+    colours = {
+        "fp32": "tab:blue",
+        "bf16": "tab:orange",
+        "bf16-rollouts": "tab:green",
+        "bf16-rollouts-is": "tab:red",
+    }
     for r in runs:
         xs = [step for _, step, _ in r["curve"]]
         ys = [acc for _, _, acc in r["curve"]]
@@ -247,6 +314,17 @@ def main() -> int:
         default="precision",
         help="name of the results files (benchmarks/results/NAME.md/.json/.png)",
     )
+    ap.add_argument(
+        "--share-sft",
+        action="store_true",
+        help="train each seed's SFT stage once (the first precision's, on every core) and start each "
+        "variant's GRPO stage from it: for variants whose SFT trains alike (bf16, bf16-rollouts)",
+    )
+    ap.add_argument(
+        "--sft-seed",
+        type=int,
+        help="with --share-sft: every seed's GRPO stage starts from this seed's SFT model (run once)",
+    )
     ap.add_argument("--min-gain", type=float, help="default: the workload's bar (quickstart 0.30, w25m 0.05)")
     ap.add_argument("--max-gap", type=float, default=0.10)
     args = ap.parse_args()
@@ -254,10 +332,7 @@ def main() -> int:
     WORKLOAD = args.workload
     min_gain = WORKLOADS[WORKLOAD].min_gain if args.min_gain is None else args.min_gain
     if WORKLOAD == "w25m":
-        sys.path.insert(0, str(Path(__file__).parent))
-        from engines import w25m_data
-
-        w25m_data(WORKDIR.parent)  # the config reads workdir/w25m-data
+        w25m_learn_data(WORKDIR.parent)  # the config reads workdir/w25m-learn-data
     if not args.report:
         WORKDIR.mkdir(parents=True, exist_ok=True)
         if args.redo_stage:
@@ -266,6 +341,9 @@ def main() -> int:
                     if redo_stage(p, s, args.redo_stage):
                         print(f"{p}-seed{s}: stage {args.redo_stage} forgotten, to be run again", flush=True)
         todo = [(p, s) for s in args.seeds for p in args.precisions if read_run(p, s) is None]
+        if args.share_sft:
+            for s in sorted({s for _, s in todo}):
+                share_first_stage(args.precisions, s, os.cpu_count() or 1, args.sft_seed)
         threads = max(1, (os.cpu_count() or 1) // args.jobs)
         with ThreadPoolExecutor(args.jobs) as pool:
             for done in pool.map(lambda ps: run_one(*ps, threads), todo):

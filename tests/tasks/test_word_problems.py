@@ -1,3 +1,5 @@
+import hashlib
+import json
 import re
 from collections import defaultdict
 
@@ -170,3 +172,23 @@ def test_explained_style_narrates_three_to_five_correct_steps():
     assert flips > 50  # the confused teacher is confused
     with pytest.raises(ValueError, match="style is 'short' or 'explained'"):
         generate_rows(1, seed=0, style="long")
+
+
+def test_explained_steps_sets_the_number_of_steps_and_the_default_keeps_the_files():
+    """``steps`` draws that many steps per problem (the w25m learning check's 2-3); the default is the
+    engine benchmark's 3-5, drawn from the same random stream as before the option existed."""
+    counts = {
+        r["question"].count(". Then ") + 1
+        for r in generate_rows(300, seed=3, style="explained", steps=(2, 3))
+    }
+    assert counts == {2, 3}
+    # The rows the generator gave before ``steps`` existed (the engine benchmark's files stay the same).
+    rows = generate_rows(50, seed=3, style="explained")
+    assert hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16] == "e3e67dfeeb6cefef"
+    assert {r["question"].count(". Then ") + 1 for r in generate_rows(100, seed=3, style="explained")} == {
+        3,
+        4,
+        5,
+    }
+    with pytest.raises(ValueError, match="need 1 <= fewest <= most steps"):
+        generate_rows(1, seed=0, style="explained", steps=(3, 2))

@@ -17,8 +17,8 @@ Design decisions:
   is never inflated by memorised rows.
 
 Two styles. ``short`` (the quickstart): one or two steps, equation lines only, ~20-token answers.
-``explained`` (the 25M engine benchmark's workload, after bench/engines' W2): three to five steps from a
-start of 20-40, every step narrated, ~100-token answers:
+``explained`` (the 25M engine benchmark's workload, after bench/engines' W2): three to five steps (or
+``steps``) from a start of 20-40, every step narrated, ~100-token answers:
 
     Ava starts with 25 pens.
     Ava wins 1 more pens, so add: 25+1=26.
@@ -79,7 +79,7 @@ class _Problem:
     item: str
 
 
-def _make_problem(rng: random.Random, style: Style = "short") -> _Problem:
+def _make_problem(rng: random.Random, style: Style = "short", steps: tuple[int, int] = (3, 5)) -> _Problem:
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
     if style == "short":
         start = rng.randint(6, 20)
@@ -89,7 +89,7 @@ def _make_problem(rng: random.Random, style: Style = "short") -> _Problem:
     else:
         start = rng.randint(20, 40)
         low, operands = start, []  # low: the value if every step subtracted; operands keep it >= 0
-        for _ in range(rng.randint(3, 5)):
+        for _ in range(rng.randint(*steps)):
             operands.append(rng.randint(1, max(1, min(9, low - 1))))
             low -= operands[-1]
     steps = tuple((rng.randrange(len(VERBS)), n) for n in operands)
@@ -133,16 +133,25 @@ def _teacher_ops(problem: _Problem, rng: random.Random) -> list[Op]:
 
 
 def generate_rows(
-    n: int, *, seed: int, noisy: bool = False, exclude: Collection[str] = (), style: Style = "short"
+    n: int,
+    *,
+    seed: int,
+    noisy: bool = False,
+    exclude: Collection[str] = (),
+    style: Style = "short",
+    steps: tuple[int, int] = (3, 5),
 ) -> list[dict[str, str]]:
     """``n`` rows ``{"question", "answer"}``; ``answer`` is the solution text ending in ``#### N``.
 
     Gold rows (``noisy=False``) are always right. Noisy rows hold the confused teacher's solution for the
     *same* questions as the gold rows of this seed. Questions in ``exclude`` are redrawn. ``style``: see the
-    module docstring.
+    module docstring. ``steps``: the fewest and most steps of an ``explained`` problem (``short`` ones have
+    one or two); fewer steps leave the SFT model right more often (each step can be confused).
     """
     if style not in ("short", "explained"):
         raise ValueError(f"generate_rows(style={style!r}): style is 'short' or 'explained'")
+    if not 1 <= steps[0] <= steps[1]:
+        raise ValueError(f"generate_rows(steps={steps!r}): need 1 <= fewest <= most steps")
     if n < 0:
         raise ValueError(f"generate_rows(n={n}): n must be >= 0")
     problem_rng = random.Random(f"{seed}/problems")
@@ -156,7 +165,7 @@ def generate_rows(
                 f"generate_rows: drew {100 * n + 100} problems but {n - len(rows)} more were all in exclude "
                 f"({len(exclude)} questions); pass a smaller exclude set or ask for fewer rows"
             )
-        problem = _make_problem(problem_rng, style)
+        problem = _make_problem(problem_rng, style, steps)
         if problem.question in exclude:
             continue
         ops = _teacher_ops(problem, teacher_rng) if noisy else [VERBS[v].op for v, _ in problem.steps]
@@ -175,6 +184,7 @@ def write_word_problems(
     n_test: int = 256,
     n_sft: int = 4000,
     style: Style = "short",
+    steps: tuple[int, int] = (3, 5),
 ) -> dict[str, Path]:
     """Write ``train.jsonl`` (gold), ``sft.jsonl`` (noisy teacher) and ``test.jsonl`` (gold, disjoint).
 
@@ -182,10 +192,11 @@ def write_word_problems(
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    train = generate_rows(n_train, seed=_split_seed(seed, "train"), style=style)
-    sft = generate_rows(n_sft, seed=_split_seed(seed, "sft"), noisy=True, style=style)
+    kw = {"style": style, "steps": steps}
+    train = generate_rows(n_train, seed=_split_seed(seed, "train"), **kw)
+    sft = generate_rows(n_sft, seed=_split_seed(seed, "sft"), noisy=True, **kw)
     seen = {r["question"] for r in train} | {r["question"] for r in sft}
-    test = generate_rows(n_test, seed=_split_seed(seed, "test"), exclude=seen, style=style)
+    test = generate_rows(n_test, seed=_split_seed(seed, "test"), exclude=seen, **kw)
     paths = {}
     for split, rows in (("train", train), ("test", test), ("sft", sft)):
         paths[split] = out / f"{split}.jsonl"
