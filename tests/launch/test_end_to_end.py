@@ -81,6 +81,9 @@ def test_bf16_rollouts_learn_and_log_their_gap(tmp_path):
         # (read in the optimizer phase: it covers the training passes before it)
         assert r["train/peak_rss_mb"] >= r["rss/forward_backward"]
     assert any("rss/eval" in r for r in records if r["stage"] == "grpo")
+    # algorithm.rollout_is_cap unset: on (2) for a bf16 engine, weights near 1 at this gap, in the one pass
+    for r in (r for r in records if r["stage"] == "grpo"):
+        assert 0.9 < r["rollout_is/weight_mean"] < 1.1 and "time/old_logprobs" not in r
     check_learned_and_complete(run_dir, records, bf16_somewhere=True, engine_copy=True)
 
 
@@ -96,6 +99,7 @@ def test_bf16_trainer_learns_as_well_as_fp32(fp32_run, tmp_path, caplog):
         run_dir, records = run_e2e(tmp_path, precision="bf16")
     assert caplog.text.count("trainer.precision bf16 -> bf16") == 2  # the SFT stage's trainer and GRPO's
     check_learned_and_complete(run_dir, records, bf16_somewhere=True)  # fp32 rollouts: shared weights
+    assert not any("rollout_is/weight_mean" in r for r in records)  # the engine's dtype is the policy's
     _, _, sft_acc, _ = learning(records)
     _, _, f_sft, _ = learning(fp32_run[1])
     assert abs(sft_acc - f_sft) <= 0.1, (sft_acc, f_sft)  # the SFT stage in bf16 learns as fp32's does

@@ -207,6 +207,31 @@ def test_rollout_importance_correction_weights_stale_samples(policy, tokenizer):
     assert m["rollout_is/weight_mean"] == pytest.approx(2.0)
 
 
+def test_rollout_correction_with_one_update_takes_no_extra_pass(policy, tokenizer, monkeypatch):
+    """With one update per batch the correction's weight comes from the training forward itself (its
+    detached log-probs are π_old): the same update as with a separate old-log-prob pass, one pass fewer."""
+    exps = sampled_experiences(policy, tokenizer)
+    gen = torch.Generator().manual_seed(0)  # a sampler 0 to 1.5 nats off per token: some weights capped
+    stale = [e.replace(logprobs=e.logprobs - 1.5 * torch.rand(e.logprobs.shape, generator=gen)) for e in exps]
+    spec = AlgorithmSpec.from_config(AlgorithmConfig(rollout_is_cap=2.0))
+    tcfg = TrainerConfig(micro_batch_size=3)  # several micro-batches: the weight is taken in each
+    one_pass = Trainer(copy.deepcopy(policy), tcfg, spec, pad_token_id=0, total_steps=2)
+    two_pass = Trainer(copy.deepcopy(policy), tcfg, spec, pad_token_id=0, total_steps=2)
+    before_update = Trainer._before_update
+    monkeypatch.setattr(
+        two_pass, "_before_update", lambda batch, single_update: before_update(two_pass, batch, False)
+    )
+    m1, m2 = one_pass.train_step(stale), two_pass.train_step(stale)
+    assert "time/old_logprobs" in m2 and "time/old_logprobs" not in m1
+    assert 0.05 < m1["rollout_is/capped_fraction"] < 0.95
+    for key in ("rollout_is/weight_mean", "rollout_is/capped_fraction", "loss/policy"):
+        assert m1[key] == pytest.approx(m2[key], rel=1e-4, abs=1e-6), key
+    for a, b in zip(one_pass.model.parameters(), two_pass.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    moved = any(not torch.equal(a, b) for a, b in zip(one_pass.model.parameters(), policy.parameters()))
+    assert moved
+
+
 def test_m2po_masks_over_the_mini_batch_whatever_the_micro_batch_split(policy, tokenizer):
     """M2PO's second-moment mask compares every token of the mini-batch: split into micro-batches of one
     sequence, the update is the one of a single micro-batch (the trainer hands each its part of the mask)."""

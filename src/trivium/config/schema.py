@@ -307,9 +307,12 @@ class AlgorithmConfig(StrictModel):
     """KL-to-reference loss term."""
     kl_penalty: KLPenaltyConfig = Field(default_factory=KLPenaltyConfig)
     """KL-to-reference penalty in the rewards."""
-    rollout_is_cap: float = Field(0.0, ge=0.0)
+    rollout_is_cap: float | None = Field(None, ge=0.0)
     """Truncated importance sampling for samples drawn by older or mismatched rollout weights: advantages
-    are scaled per token by min(π_trainer / π_rollout, cap). 0 = off; 2 is common. Use it off-policy."""
+    are scaled per token by min(π_trainer / π_rollout, cap). 0 = off; 2 is common. Use it off-policy. None
+    (the default): 2 where the rollout engine samples with weights in another dtype than the trainer's
+    (explorer.rollout.dtype, autocast_dtype: e.g. bf16 rollouts of a float32 policy), off otherwise; the
+    run log says which. With one update per batch it costs no extra forward pass."""
     entropy_coef: float = Field(0.0, ge=0.0)
     """c_H of the entropy bonus (docs/algorithms.md §2.2); 0 turns it off (and saves a [R, L, V] pass)."""
     teacher: str = "teacher"

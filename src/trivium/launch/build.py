@@ -6,6 +6,7 @@ The only place that knows how components are wired; every component receives its
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import logging
 import math
@@ -463,6 +464,8 @@ def make_trainer(cfg: TriviumConfig, model: torch.nn.Module, pad_token_id: int, 
             model, frozen_copy(), cfg.trainer, cfg.algorithm.dpo, pad_token_id=pad_token_id, total_steps=total
         )
     algorithm = AlgorithmSpec.from_config(cfg.algorithm)
+    if cfg.algorithm.rollout_is_cap is None and preset.needs_rollouts:
+        algorithm = dataclasses.replace(algorithm, rollout_is_cap=rollout_is_cap(cfg, model))
     a = cfg.algorithm
     needs_ref = algorithm.kl_coef > 0 or a.kl_penalty.coef > 0 or preset.needs_reference
     base_is_reference = needs_ref and lora.is_peft(model)  # the base, adapters disabled: no copy
@@ -485,6 +488,32 @@ def make_trainer(cfg: TriviumConfig, model: torch.nn.Module, pad_token_id: int, 
         parallel=parallel,
         vision=vision_processor(cfg, lora.base_model(model) if lora.is_peft(model) else model),
     )
+
+
+AUTO_ROLLOUT_IS_CAP = 2.0
+
+
+def rollout_is_cap(cfg: TriviumConfig, policy: torch.nn.Module) -> float:
+    """``algorithm.rollout_is_cap`` None: truncated importance sampling (cap 2) where the rollout engine
+    samples with weights in another dtype than ``policy``'s, or under autocast (the same decision as
+    ``build_rollout_model``'s, on this process's hardware), off (0) otherwise."""
+    from trivium.models.bf16 import rollout_dtype
+
+    r, param = cfg.explorer.rollout, next(policy.parameters())
+    dtype, why = rollout_dtype(r.dtype, param.dtype, param.device, r.engine_type, cfg.trainer.precision)
+    if dtype == param.dtype and r.autocast_dtype is None:
+        return 0.0
+    sampler = (
+        f"{str(dtype).removeprefix('torch.')} weights (explorer.rollout.dtype {r.dtype}: {why})"
+        if dtype != param.dtype
+        else f"{r.autocast_dtype} autocast (explorer.rollout.autocast_dtype)"
+    )
+    log.info(
+        "algorithm.rollout_is_cap None -> %g: the rollout engine samples with %s, the trainer's weights are "
+        "%s; each token's advantage is weighed by min(pi_trainer / pi_rollout, %g) (rollout_is/*)",
+        AUTO_ROLLOUT_IS_CAP, sampler, str(param.dtype).removeprefix("torch."), AUTO_ROLLOUT_IS_CAP,
+    )  # fmt: skip
+    return AUTO_ROLLOUT_IS_CAP
 
 
 def make_explorer(

@@ -164,7 +164,7 @@ class Trainer:
             advantages, returns, metrics = self._advantages(
                 batch, passes.old, passes.ref, passes.teacher, passes.values
             )
-            if self.algorithm.rollout_is_cap > 0:
+            if self.algorithm.rollout_is_cap > 0 and passes.old is not None:  # else: in the update's pass
                 advantages, m = self._rollout_correction(batch, passes.old, advantages)
                 metrics.update(m)
         if not bool(torch.isfinite(advantages).all()):
@@ -194,13 +194,13 @@ class Trainer:
 
         With one update per batch (``single_update``) the policy is unchanged until that update, so the old
         log-probs are the training forward's own (detached): one forward pass fewer, the same numbers.
-        Advantages that read old log-probs (KL penalty, distillation, rollout correction) need them first,
-        so they get the extra pass."""
+        Advantages that read old log-probs (KL penalty, distillation) need them first, so they get the
+        extra pass; the rollout correction's per-token weight does not (``_update`` takes it from the
+        training forward's detached log-probs)."""
         timer, passes = self.timer, _Passes()
         early_old = (
             "old_logprobs" in self.algorithm.advantage_requires
             or self.kl_penalty is not None
-            or self.algorithm.rollout_is_cap > 0
             or self._loss_rule is not None  # it reads the whole mini-batch's old log-probs first
         )
         if self.algorithm.needs_old_logprobs and (early_old or not single_update):
@@ -284,7 +284,9 @@ class Trainer:
         The trainer's old log-probs are the current weights' (ratio 1 at the first update), so samples
         drawn by older weights (an explorer running ahead) or by a mismatched engine would otherwise be
         trained on as if on-policy. The weight is detached and taken per token; tokens without rollout
-        log-probs (expert demonstrations) keep weight 1.
+        log-probs (expert demonstrations) keep weight 1. With one update per batch ``_update`` applies it
+        to each micro-batch from its own forward (no extra pass; the trajectories then record the
+        advantages before the weight); otherwise ``train_step`` applies it from the old log-probs' pass.
         """
         mask = batch.loss_mask
         if batch.is_expert is not None:
@@ -431,11 +433,14 @@ class Trainer:
                     lp, entropy = forward_logprobs(
                         self.model, sub, self.temperature, entropy=self.algorithm.entropy_coef > 0
                     )
+                adv, corrected = advantages[idx], {}
+                if old_lp is None and self.algorithm.rollout_is_cap > 0:  # one update: this pass is π_old
+                    adv, corrected = self._rollout_correction(sub, lp.detach(), adv)
                 loss, m = actor_loss(
                     PolicyLossInputs(
                         logprobs=lp,
                         old_logprobs=lp.detach() if old_lp is None else old_lp[idx],
-                        advantages=advantages[idx],
+                        advantages=adv,
                         mask=sub.loss_mask,
                         seq_index=sub.seq_index,
                         rollout_logprobs=sub.rollout_logprobs,
@@ -464,7 +469,7 @@ class Trainer:
             # loss/* entries are already this micro-batch's share of the mini-batch loss: add them up;
             # other metrics are micro-batch means: weight them by the micro-batch's share of tokens.
             weight = share * float(sub.loss_mask.sum()) / max(1.0, scale.num_tokens)
-            for k, v in m.items():
+            for k, v in {**m, **corrected}.items():
                 sums[k] = sums.get(k, 0.0) + float(v) * (share if k.startswith("loss/") else weight)
         sums = self.parallel.sum_floats({**sums, "train/loss": total_loss})
         with timer("optimizer"):

@@ -99,7 +99,7 @@ def config_notes(cfg: TriviumConfig) -> list[str]:
             "reinforceplusplus (a batch-wide baseline); for GRPO ask for n >= 2 choices and reward each"
         )
     loss = cfg.algorithm.policy_loss_fn or (preset.policy_loss_fn if preset is not None else None)
-    stale_aware = loss == "m2po" or cfg.algorithm.rollout_is_cap > 0
+    stale_aware = loss == "m2po" or (cfg.algorithm.rollout_is_cap or 0.0) > 0
     if cfg.mode == "both" and cfg.synchronizer.sync_offset >= 2 and not stale_aware and preset is not None:
         ahead = cfg.synchronizer.sync_offset + cfg.synchronizer.sync_interval - 1
         notes.append(
@@ -338,7 +338,7 @@ def _offline_trainer_inert(cfg: TriviumConfig, kind: str) -> tuple[tuple[str, An
         (
             "algorithm.rollout_is_cap",
             a.rollout_is_cap,
-            0.0,
+            None,
             "a dataset has no rollouts whose sampling policy needs correcting",
         ),
         (

@@ -1,0 +1,57 @@
+"""``algorithm.rollout_is_cap`` None (the default) turns truncated importance sampling on where the rollout
+engine samples with weights in another dtype than the trainer's, and leaves it off elsewhere."""
+
+import logging
+
+import pytest
+
+from trivium.config.schema import TriviumConfig
+from trivium.launch import build
+
+
+def run_config(**fields) -> TriviumConfig:
+    return TriviumConfig.model_validate({"model": {"device": "cpu"}, **fields})
+
+
+@pytest.mark.parametrize(
+    ("fields", "fast_bf16", "cap"),
+    [
+        ({}, "1", 0.0),  # the policy's dtype
+        ({"explorer": {"rollout": {"dtype": "bfloat16"}}}, "0", 2.0),  # asked for
+        ({"explorer": {"rollout": {"dtype": "auto"}}}, "1", 2.0),  # auto on bf16 hardware
+        ({"explorer": {"rollout": {"dtype": "auto"}}}, "0", 0.0),  # auto without it: float32
+        ({"explorer": {"rollout": {"autocast_dtype": "bfloat16"}}}, "0", 2.0),
+        ({"explorer": {"rollout": {"dtype": "bfloat16"}}, "algorithm": {"rollout_is_cap": 0}}, "0", 0.0),
+        ({"explorer": {"rollout": {"dtype": "bfloat16"}}, "algorithm": {"rollout_is_cap": 5}}, "0", 5.0),
+    ],
+)
+def test_the_cap_follows_the_rollout_engines_dtype(fields, fast_bf16, cap, monkeypatch):
+    monkeypatch.setenv("TRIVIUM_FAST_BF16", fast_bf16)
+    cfg = run_config(**fields)
+    trainer = build.make_trainer(cfg, policy_model(), pad_token_id=0, total=2)
+    assert trainer.algorithm.rollout_is_cap == cap
+
+
+def test_offline_algorithms_and_the_log(monkeypatch, caplog):
+    monkeypatch.setenv("TRIVIUM_FAST_BF16", "0")
+    sft = run_config(
+        mode="train", algorithm={"algorithm_type": "sft"}, explorer={"rollout": {"dtype": "bfloat16"}}
+    )
+    assert build.make_trainer(sft, policy_model(), pad_token_id=0, total=2).algorithm.rollout_is_cap == 0.0
+    with caplog.at_level(logging.INFO, logger="trivium.launch.build"):
+        build.make_trainer(
+            run_config(explorer={"rollout": {"dtype": "bfloat16"}}), policy_model(), pad_token_id=0, total=2
+        )
+    assert (
+        "algorithm.rollout_is_cap None -> 2: the rollout engine samples with bfloat16 weights" in caplog.text
+    )
+    assert "trainer's weights are float32" in caplog.text
+
+
+def policy_model():
+    from transformers import Qwen2ForCausalLM
+
+    from trivium.models.tiny import architecture_config
+
+    shape = {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 32}
+    return Qwen2ForCausalLM(architecture_config("qwen2", vocab_size=32, **shape)).float()
