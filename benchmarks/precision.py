@@ -49,8 +49,13 @@ KEY = "eval/test/accuracy"
 VARIANTS = {
     "fp32": ["trainer.precision=fp32"],
     "bf16": ["trainer.precision=bf16"],
-    "bf16-rollouts": ["trainer.precision=bf16", "explorer.rollout.dtype=bfloat16"],
-    # ... with the truncated importance sampling that algorithm.rollout_is_cap unset turns on for them
+    # bf16 rollouts without the rollout correction (as measured before algorithm.rollout_is_cap unset turned
+    # it on for them) and with it
+    "bf16-rollouts": [
+        "trainer.precision=bf16",
+        "explorer.rollout.dtype=bfloat16",
+        "stages.1.algorithm.rollout_is_cap=0",
+    ],
     "bf16-rollouts-is": [
         "trainer.precision=bf16",
         "explorer.rollout.dtype=bfloat16",

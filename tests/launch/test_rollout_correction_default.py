@@ -55,3 +55,34 @@ def policy_model():
 
     shape = {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 32}
     return Qwen2ForCausalLM(architecture_config("qwen2", vocab_size=32, **shape)).float()
+
+
+def test_the_doctor_says_the_trainer_corrects_a_bf16_sampler(tmp_path, monkeypatch):
+    import yaml
+
+    from trivium.launch.config_doctor import explain
+    from trivium.validation import load_config
+
+    monkeypatch.setenv("TRIVIUM_FAST_BF16", "0")
+    data = tmp_path / "t.jsonl"
+    data.write_text('{"question": "1+1", "answer": "2"}\n' * 4)
+    cfg = {
+        "model": {"tiny": {"corpus": [str(data)], "vocab_size": 300}},
+        "buffer": {"batch_size": 2, "total_steps": 1, "taskset": {"path": str(data), "repeat_times": 2}},
+    }
+    for rollout, algorithm, says in [
+        (
+            {"dtype": "bfloat16"},
+            {},
+            "min(pi_trainer / pi_rollout, 2) (algorithm.rollout_is_cap unset: on for",
+        ),
+        ({"dtype": "bfloat16"}, {"rollout_is_cap": 0}, None),
+        ({}, {}, None),  # the policy's dtype: nothing to correct
+        ({}, {"rollout_is_cap": 3}, "min(pi_trainer / pi_rollout, 3) (algorithm.rollout_is_cap)"),
+    ]:
+        (tmp_path / "c.yaml").write_text(
+            yaml.safe_dump({**cfg, "explorer": {"rollout": rollout}, "algorithm": algorithm})
+        )
+        text, _ = explain(load_config(tmp_path / "c.yaml"))
+        (line,) = [x for x in text.splitlines() if x.startswith("  rollout  ")]
+        assert (says in line) if says else ("pi_rollout" not in line), (rollout, algorithm, line)

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from trivium.launch.build import why_rollout_copies_weights
+from trivium.launch.build import rollout_is_cap, why_rollout_copies_weights
 from trivium.launch.memory_estimate import DTYPE_BYTES, Estimate, ModelShape, Shapes, estimate, mib
 from trivium.launch.placement import PLACEMENTS
 from trivium.trainer.parallel import STRATEGIES, micro_cap, micro_rows
@@ -214,6 +214,12 @@ def stage_facts(stage, index: int, count: int, memory: float | None = None) -> S
     if "rollout" in est.parts:
         dtype, why = engine_dtype_why(cfg)
         setting = cfg.explorer.rollout.dtype or "null"
+        cap = rollout_is_cap(cfg, quiet=True) if preset.needs_rollouts and trains else 0.0
+        if cap > 0:  # the trainer corrects for the sampler's other numerics (or staleness)
+            unset = (
+                " unset: on for a sampler in another dtype" if cfg.algorithm.rollout_is_cap is None else ""
+            )
+            why += f"; the trainer weighs each token by min(pi_trainer / pi_rollout, {cap:g}) (algorithm.rollout_is_cap{unset})"
         lines.append(f"  rollout      {dtype} weights (explorer.rollout.dtype {setting}): {why}")
     lines += memory_lines(shape, shapes, est, cfg)
 
