@@ -7,11 +7,12 @@ import torch
 torch.set_flush_denormal(True)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# trainer.precision auto can mean bf16 autocast on CPUs with AVX-512-BF16/AMX: the suite's exact-number
-# tests must mean the same on every CI machine, so auto is fp32 here (and in the runs the tests start). The
-# bf16 path is tested by asking for bf16 explicitly, which runs on every CPU (natively, or with bf16's
-# numerics through trivium/models/bf16.py's emulation): tests/trainer/test_precision.py, tests/models/
-# test_bf16.py and the bf16 end-to-end run in tests/launch/test_end_to_end.py.
+# trainer.precision auto (and explorer.rollout.dtype auto, the defaults) can mean bf16 on CPUs with
+# AVX-512-BF16/AMX: the suite's exact-number tests must mean the same on every CI machine, so auto is fp32
+# here (and in the runs the tests start). The bf16 paths are tested by asking for bf16 explicitly, which runs
+# on every CPU (natively, or with bf16's numerics through trivium/models/bf16.py's emulation): tests/trainer/
+# test_precision.py, tests/models/test_bf16.py (auto forced to bf16 there) and the bf16 trainer and bf16
+# rollout end-to-end runs in tests/launch/test_end_to_end.py.
 os.environ["TRIVIUM_FAST_BF16"] = "0"
 # the bf16 speed probe's measurements are kept per machine (trivium/trainer/probe_cache.py); tests measure
 # afresh and write nothing into the home folder (test_precision.py turns keeping on in a temporary file)

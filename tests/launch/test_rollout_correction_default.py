@@ -16,10 +16,10 @@ def run_config(**fields) -> TriviumConfig:
 @pytest.mark.parametrize(
     ("fields", "fast_bf16", "cap"),
     [
-        ({}, "1", 0.0),  # the policy's dtype
+        ({}, "1", 2.0),  # the default, explorer.rollout.dtype auto, on bf16 hardware: bf16 rollouts
+        ({}, "0", 0.0),  # ... and elsewhere: float32 rollouts
+        ({"explorer": {"rollout": {"dtype": None}}}, "1", 0.0),  # the policy's dtype
         ({"explorer": {"rollout": {"dtype": "bfloat16"}}}, "0", 2.0),  # asked for
-        ({"explorer": {"rollout": {"dtype": "auto"}}}, "1", 2.0),  # auto on bf16 hardware
-        ({"explorer": {"rollout": {"dtype": "auto"}}}, "0", 0.0),  # auto without it: float32
         ({"explorer": {"rollout": {"autocast_dtype": "bfloat16"}}}, "0", 2.0),
         ({"explorer": {"rollout": {"dtype": "bfloat16"}}, "algorithm": {"rollout_is_cap": 0}}, "0", 0.0),
         ({"explorer": {"rollout": {"dtype": "bfloat16"}}, "algorithm": {"rollout_is_cap": 5}}, "0", 5.0),
@@ -38,7 +38,7 @@ def test_offline_algorithms_and_the_log(monkeypatch, caplog):
         mode="train", algorithm={"algorithm_type": "sft"}, explorer={"rollout": {"dtype": "bfloat16"}}
     )
     assert build.make_trainer(sft, policy_model(), pad_token_id=0, total=2).algorithm.rollout_is_cap == 0.0
-    with caplog.at_level(logging.INFO, logger="trivium.launch.build"):
+    with caplog.at_level(logging.INFO, logger="trivium.launch.rollout_correction"):
         build.make_trainer(
             run_config(explorer={"rollout": {"dtype": "bfloat16"}}), policy_model(), pad_token_id=0, total=2
         )

@@ -151,7 +151,8 @@ def test_the_rollout_dtype_for_each_setting_and_machine(
 
 def test_auto_rollouts_reach_the_engine_the_doctor_and_check_config(monkeypatch, tiny_model_dir, tmp_path):
     """On a bf16 machine (forced) ``explorer.rollout.dtype: auto`` builds a bf16 engine, the doctor sizes
-    its weights in bf16 and says why, and autocast over them is refused as over bf16 weights."""
+    its weights in bf16 and says why; with autocast asked for, auto keeps float32 weights (autocast lowers
+    them itself), and autocast over bf16 weights asked for is refused."""
     import yaml
 
     from trivium.launch import build
@@ -181,7 +182,10 @@ def test_auto_rollouts_reach_the_engine_the_doctor_and_check_config(monkeypatch,
     )  # and why
     cfg["explorer"]["rollout"]["autocast_dtype"] = "bfloat16"
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    stage = load_config(tmp_path / "c.yaml").stages[0].config
+    engine = build.build_rollout_model(policy, load_tokenizer(tiny_model_dir), stage, version=0).engine
+    assert engine.weights_dtype == torch.float32  # autocast runs them in bf16
+    cfg["explorer"]["rollout"]["dtype"] = "bfloat16"
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     with pytest.raises(Exception, match="the engine's weights are already bfloat16"):
         load_config(tmp_path / "c.yaml")
-    monkeypatch.setenv("TRIVIUM_FAST_BF16", "0")  # elsewhere the same config samples in float32
-    assert load_config(tmp_path / "c.yaml").stages[0].config.explorer.rollout.autocast_dtype == "bfloat16"

@@ -16,16 +16,17 @@ class RolloutConfig(StrictModel):
     """Rollout engine. 'transformers': in-process decode loop over the HF model with a KV cache (exact,
     reproducible, no extra install). 'vllm': vLLM in its own engine process, weights updated in place after
     every sync; needs the vllm package (CPU: scripts/setup_vllm_cpu.sh). See docs/engines.md."""
-    dtype: Literal["float32", "bfloat16", "float16", "auto"] | None = None
-    """Dtype of the rollout engine's weights. None (the default): the policy's (model.dtype). auto: bfloat16
-    where the device multiplies bf16 natively (a CPU with AVX-512-BF16 or AMX, a CUDA GPU of compute
-    capability 8.0+), model.dtype is float32, trainer.precision is auto or bf16 and the engine is the
-    transformers one (vLLM's bf16 learning is not measured: ask for bfloat16 there); the policy's dtype
-    elsewhere (models/bf16.py). bfloat16 halves the engine's weights and its KV cache and samples 1.15x (25M)
-    to 2.4x (100M) faster than fp32 on an AVX-512-BF16 CPU (benchmarks/decode_step.py); log-probs then differ
-    from the trainer's by the bf16 error (logged as mismatch/* every step). The quickstart learns the same
-    with it; the 25M workload's check did not learn with either dtype (docs/performance.md), so auto is not
-    the default yet."""
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] | None = "auto"
+    """Dtype of the rollout engine's weights. auto (the default): bfloat16 where the device multiplies bf16
+    natively (a CPU with AVX-512-BF16 or AMX, a CUDA GPU of compute capability 8.0+), model.dtype is
+    float32, trainer.precision is auto or bf16 and the engine is the transformers one (vLLM's bf16 learning
+    is not measured: ask for bfloat16 there); the policy's dtype elsewhere (models/bf16.py). None: the
+    policy's (model.dtype) everywhere. bfloat16 halves the engine's weights and its KV cache and samples
+    1.15x (25M) to 2.4x (100M) faster than fp32 on an AVX-512-BF16 CPU (benchmarks/decode_step.py), but
+    costs a bf16 copy of the weights where a float32 engine would sample from the trainer's own tensors;
+    log-probs then differ from the trainer's by the bf16 error (logged as mismatch/* every step) and the
+    trainer's rollout correction is on (algorithm.rollout_is_cap). The quickstart (three seeds) and the
+    25M workload learn the same with it (docs/performance.md)."""
     autocast_dtype: Literal["bfloat16", "float16"] | None = None
     """transformers engine only: keep the weights in ``dtype`` and run the forward under torch.autocast in
     this dtype (matmuls in bf16, the rest fp32). None: off."""

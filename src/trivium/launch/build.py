@@ -172,7 +172,9 @@ def build_rollout_model(
     policy, weights = rollout_policy(policy, weights)
     r = cfg.explorer.rollout
     param = next(policy.parameters())
-    dtype, why = rollout_dtype(r.dtype, param.dtype, param.device, r.engine_type, cfg.trainer.precision)
+    dtype, why = rollout_dtype(
+        r.dtype, param.dtype, param.device, r.engine_type, cfg.trainer.precision, r.autocast_dtype
+    )
     if r.dtype == "auto":
         log.info("explorer.rollout.dtype auto -> %s: %s", str(dtype).removeprefix("torch."), why)
     if r.engine_type == "vllm":
@@ -465,6 +467,8 @@ def make_trainer(cfg: TriviumConfig, model: torch.nn.Module, pad_token_id: int, 
         )
     algorithm = AlgorithmSpec.from_config(cfg.algorithm)
     if cfg.algorithm.rollout_is_cap is None and preset.needs_rollouts:
+        from trivium.launch.rollout_correction import rollout_is_cap
+
         algorithm = dataclasses.replace(algorithm, rollout_is_cap=rollout_is_cap(cfg, model))
     a = cfg.algorithm
     needs_ref = algorithm.kl_coef > 0 or a.kl_penalty.coef > 0 or preset.needs_reference
@@ -488,42 +492,6 @@ def make_trainer(cfg: TriviumConfig, model: torch.nn.Module, pad_token_id: int, 
         parallel=parallel,
         vision=vision_processor(cfg, lora.base_model(model) if lora.is_peft(model) else model),
     )
-
-
-AUTO_ROLLOUT_IS_CAP = 2.0
-
-
-def rollout_is_cap(
-    cfg: TriviumConfig, policy: torch.nn.Module | None = None, *, quiet: bool = False
-) -> float:
-    """``algorithm.rollout_is_cap`` as a run uses it: the value set, or for None (the default) truncated
-    importance sampling with cap 2 where the rollout engine samples with weights in another dtype than the
-    trainer's (``policy``'s; None: model.dtype on model.device, as the doctor reads it) or under autocast
-    (the same decision as ``build_rollout_model``'s, on this process's hardware), off (0) otherwise. Logged
-    unless ``quiet``."""
-    from trivium.models.bf16 import rollout_dtype
-    from trivium.models.loading import resolve_device, resolve_dtype
-
-    if cfg.algorithm.rollout_is_cap is not None:
-        return cfg.algorithm.rollout_is_cap
-    r, param = cfg.explorer.rollout, None if policy is None else next(policy.parameters())
-    device = resolve_device(cfg.model.device) if param is None else param.device
-    weights = resolve_dtype(cfg.model.dtype, device) if param is None else param.dtype
-    dtype, why = rollout_dtype(r.dtype, weights, device, r.engine_type, cfg.trainer.precision)
-    if dtype == weights and r.autocast_dtype is None:
-        return 0.0
-    sampler = (
-        f"{str(dtype).removeprefix('torch.')} weights (explorer.rollout.dtype {r.dtype}: {why})"
-        if dtype != weights
-        else f"{r.autocast_dtype} autocast (explorer.rollout.autocast_dtype)"
-    )
-    if not quiet:
-        log.info(
-            "algorithm.rollout_is_cap None -> %g: the rollout engine samples with %s, the trainer's weights are "
-            "%s; each token's advantage is weighed by min(pi_trainer / pi_rollout, %g) (rollout_is/*)",
-            AUTO_ROLLOUT_IS_CAP, sampler, str(weights).removeprefix("torch."), AUTO_ROLLOUT_IS_CAP,
-        )  # fmt: skip
-    return AUTO_ROLLOUT_IS_CAP
 
 
 def make_explorer(

@@ -17,9 +17,10 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from trivium.launch.build import rollout_is_cap, why_rollout_copies_weights
+from trivium.launch.build import why_rollout_copies_weights
 from trivium.launch.memory_estimate import DTYPE_BYTES, Estimate, ModelShape, Shapes, estimate, mib
 from trivium.launch.placement import PLACEMENTS
+from trivium.launch.rollout_correction import rollout_is_cap
 from trivium.trainer.parallel import STRATEGIES, micro_cap, micro_rows
 from trivium.validation.validate_layout import engine_dtype, engine_dtype_why
 

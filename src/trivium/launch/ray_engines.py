@@ -160,8 +160,9 @@ class EnginePool:
         vision = vision_processor(cfg, policy)
         if vision is not None:  # an explorer actor's pool loads the image processor from the same folder
             meta["vision_source"] = policy.name_or_path
+        weights = next(policy.parameters()).dtype
         dtype, _ = rollout_dtype(
-            r.dtype, next(policy.parameters()).dtype, cfg.model.device, r.engine_type, cfg.trainer.precision
+            r.dtype, weights, cfg.model.device, r.engine_type, cfg.trainer.precision, r.autocast_dtype
         )
         live = cluster.actors.get("engine", [])
         if live and _LIVE.get("key") == key and _LIVE.get("actors") == live:

@@ -111,6 +111,7 @@ def rollout_dtype(
     device: str | torch.device,
     engine_type: str = "transformers",
     trainer_precision: str = "auto",
+    autocast_dtype: str | None = None,
 ) -> tuple[torch.dtype, str]:
     """The dtype of the rollout engine's weights for ``explorer.rollout.dtype: setting`` over a policy
     whose weights are ``weights`` on ``device``, and why. None (the default): the policy's. ``auto``:
@@ -121,7 +122,9 @@ def rollout_dtype(
     faster on an AVX-512-BF16 CPU, benchmarks/decode_step.py); the trainer's log-probs stay float32, and the
     gap is logged every step (``mismatch/*``). The quickstart learns the same with bf16 rollouts from the
     transformers engine (docs/performance.md); vLLM's bf16 kernels sample differently and their learning is
-    not measured, so ``auto`` keeps vLLM engines at the policy's dtype (ask for ``bfloat16`` to have it)."""
+    not measured, so ``auto`` keeps vLLM engines at the policy's dtype (ask for ``bfloat16`` to have it).
+    ``auto`` with ``explorer.rollout.autocast_dtype`` keeps the policy's weights: autocast runs them in the
+    lower precision itself."""
     from trivium.models.loading import resolve_device, resolve_dtype
 
     device = resolve_device(device)
@@ -132,6 +135,8 @@ def rollout_dtype(
         return resolve_dtype(setting, device), "asked for"
     if weights != torch.float32:
         return weights, f"the policy's weights are {weights} already"
+    if autocast_dtype is not None:
+        return weights, f"the policy's dtype under explorer.rollout.autocast_dtype {autocast_dtype}"
     if trainer_precision not in ("auto", "bf16"):
         return weights, f"the policy's dtype under trainer.precision {trainer_precision}"
     if engine_type != "transformers":

@@ -68,6 +68,7 @@ class CollectiveSync:
                 cfg.model.device,
                 cfg.explorer.rollout.engine_type,
                 cfg.trainer.precision,
+                cfg.explorer.rollout.autocast_dtype,
             )[0],
         )
 

@@ -48,5 +48,5 @@ class AlgorithmSpec:
             if adv
             else frozenset(),
             entropy_coef=cfg.entropy_coef,
-            rollout_is_cap=cfg.rollout_is_cap or 0.0,  # None: launch/build.rollout_is_cap decides
+            rollout_is_cap=cfg.rollout_is_cap or 0.0,  # None: launch/rollout_correction.py decides
         )

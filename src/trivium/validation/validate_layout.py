@@ -23,7 +23,7 @@ def engine_dtype_why(cfg: TriviumConfig) -> tuple[str, str]:
     r = cfg.explorer.rollout
     try:
         dtype, why = rollout_dtype(
-            r.dtype, cfg.model.dtype, cfg.model.device, r.engine_type, cfg.trainer.precision
+            r.dtype, cfg.model.dtype, cfg.model.device, r.engine_type, cfg.trainer.precision, r.autocast_dtype
         )
     except ValueError as e:  # a device torch cannot use: check-config names it (model.device)
         return (r.dtype if r.dtype not in (None, "auto") else cfg.model.dtype), str(e)
@@ -106,15 +106,15 @@ def _check_engine(cfg: TriviumConfig, at) -> list[Problem]:
             "vLLM has no autocast"
             if r.engine_type == "vllm"
             else f"the engine's weights are already {weights}"
-            + (" (explorer.rollout.dtype auto, on this machine)" if r.dtype == "auto" else "")
+            + (" (model.dtype)" if r.dtype in (None, "auto") else "")
         )
         return [
             Problem(
                 at("explorer.rollout.autocast_dtype"),
                 r.autocast_dtype,
                 f"autocast runs fp32 weights in lower precision, but {why}",
-                f"set explorer.rollout.dtype: {r.autocast_dtype} instead (lower-precision weights), or drop "
-                "autocast_dtype",
+                f"set explorer.rollout.dtype: {r.autocast_dtype} instead (lower-precision weights), or "
+                "explorer.rollout.dtype: float32 to keep float32 weights under autocast, or drop autocast_dtype",
             )
         ]
     if r.engine_type != "vllm":
