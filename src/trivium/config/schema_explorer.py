@@ -26,10 +26,10 @@ class RolloutConfig(StrictModel):
     costs a bf16 copy of the weights where a float32 engine would sample from the trainer's own tensors;
     log-probs then differ from the trainer's by the bf16 error (logged as mismatch/* every step) and the
     trainer's rollout correction is on (algorithm.rollout_is_cap). The quickstart (three seeds) and the
-    25M workload learn the same with it (docs/performance.md)."""
+    25M workload (one seed) learn the same with it (docs/performance.md)."""
     autocast_dtype: Literal["bfloat16", "float16"] | None = None
     """transformers engine only: keep the weights in ``dtype`` and run the forward under torch.autocast in
-    this dtype (matmuls in bf16, the rest fp32). None: off."""
+    this dtype (matmuls in bf16, the rest fp32); ``dtype`` auto then keeps the policy's weights. None: off."""
     in_flight_updates: bool = False
     """transformers engine only (partial rollouts): a weight sync does not wait for running generations;
     they load the new weights at the next token, prefill what they have so far again under them, and go
