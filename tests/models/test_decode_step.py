@@ -101,12 +101,66 @@ def test_decode_step_equals_the_model_forward_in_fp32(family: str) -> None:
 
 def test_decode_step_stays_within_bf16_rounding_of_the_forward() -> None:
     """In bf16 both paths round differently (the forward's flash attention keeps its sums in float32 inside
-    one kernel; the decode step rounds the scores to bf16 as eager attention does); the gap stays at the
-    size of bf16's rounding, far below what a mistake (a wrong head, a position off by one) makes."""
+    one kernel; the decode step attends over a float32 copy of the cache on CPU and rounds its output to
+    bf16); the gap stays at the size of bf16's rounding, far below what a mistake (a wrong head, a position
+    off by one) makes."""
     pairs = decode_both(build("qwen2", torch.bfloat16))
     scale = max(reference.abs().max().item() for reference, _ in pairs)
     gap = max((mine - reference).abs().max().item() for reference, mine in pairs)
     assert gap <= 0.03 * scale, (gap, scale)
+
+
+def test_bf16_attention_over_the_cache_is_computed_in_float32_on_cpu() -> None:
+    """The products over a 16-bit cache run in float32 on CPU (``_attend``): exactly the float32 computation
+    on the same values, rounded to bf16 once at the end."""
+    from trivium.models.decode_step import _attend
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(shape, generator=g) for shape in ((3, 4, 1, 8), (3, 2, 11, 8), (3, 2, 11, 8)))
+    mask = torch.zeros(3, 1, 1, 11)
+    mask[0, ..., :4] = torch.finfo(torch.float32).min  # left padding of row 0
+    low = [x.to(torch.bfloat16) for x in (q, k, v)]
+    got = _attend(*low, mask, 0.35)
+    assert got.dtype == torch.bfloat16
+    want = _attend(*(x.float() for x in low), mask, 0.35).to(torch.bfloat16)
+    assert torch.equal(got, want)
+
+
+MEMORY_WORKER = """
+import sys, torch
+sys.path.insert(0, {root!r})
+from tests.launch.peak_rss import rss_mb
+from trivium.models.decode_step import _attend
+torch.set_num_threads(1)
+q, mask = torch.randn(16, 8, 1, 64, dtype=torch.bfloat16), torch.zeros(16, 1, 1, 1024)
+def steps(lengths):
+    for n in lengths:
+        k = torch.randn(16, 4, n, 64, dtype=torch.bfloat16)
+        _attend(q, k, k, mask[..., :n], 0.125)
+steps(range(64, 96))  # warm-up: the allocator's and the libraries' first pages
+before = rss_mb()
+steps(range(96, 608))
+print(rss_mb() - before)
+"""
+
+
+def test_bf16_decode_attention_keeps_no_memory_per_key_length() -> None:
+    """A decode step's key length grows by one each step. On CPU, 16-bit batched products go through oneDNN,
+    which builds and keeps a kernel for every shape (~0.65 MB each, up to 1,024, and the heap fragmented past
+    that): 512 key lengths grew a process by ~540 MB that way. In float32 (``_attend`` on CPU) nothing is kept.
+    Measured in a fresh process (glibc serving large blocks by mmap, as tests/launch/peak_rss.py does)."""
+    import os
+    import subprocess
+    import sys
+
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    out = subprocess.run(
+        [sys.executable, "-c", MEMORY_WORKER.format(root=root)], capture_output=True, text=True, env=env
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    grown_mb = float(out.stdout.strip().splitlines()[-1])
+    assert grown_mb < 48, f"512 decode steps of growing length kept {grown_mb:.0f} MB"
 
 
 def test_models_outside_the_families_keep_their_forward() -> None:

@@ -116,7 +116,16 @@ def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: tor
     attention does."""
     rows, heads, _, dim = q.shape
     kv_heads = keys.shape[1]
+    dtype = values.dtype
+    if keys.device.type == "cpu" and dtype != torch.float32:
+        # On CPU a 16-bit batched product runs through oneDNN, which builds (and caches, up to 1,024) a
+        # kernel for every shape, ~0.65 MB each, and the key length grows by one each step: a bf16 engine's
+        # resident memory grew from 0.95 to 1.84 GB over 8 calls of 16 rows x 1k tokens at 25M, and on (the
+        # freed kernels leave the heap fragmented). In float32 the products go to the BLAS, which keeps
+        # nothing (0.60 GB, flat): the cache is read once to convert it, and the step was no slower
+        # (tests/models/test_decode_step.py holds the memory; docs/performance.md has the figures).
+        q, keys, values = q.float(), keys.float(), values.float()
     grouped = q.reshape(rows, kv_heads, heads // kv_heads, dim)
     scores = torch.matmul(grouped, keys.transpose(-1, -2)).float()  # [R, KV, H / KV, L]
     probs = (scores * scaling + mask).softmax(dim=-1).to(values.dtype)
-    return torch.matmul(probs, values).reshape(rows, heads, dim)
+    return torch.matmul(probs, values).reshape(rows, heads, dim).to(dtype)
