@@ -44,11 +44,13 @@ REPO = Path(__file__).resolve().parents[1]
 WORKDIR = REPO / "benchmarks" / "workdir" / "precision"
 RESULTS = REPO / "benchmarks" / "results"
 KEY = "eval/test/accuracy"
-# What each variant sets (every stage). bf16-rollouts: the bf16 trainer and bf16 rollout weights, what
-# trainer.precision and explorer.rollout.dtype `auto` pick on hardware that multiplies bf16 natively.
+# What each variant sets (every stage). bf16-rollouts-is: the bf16 trainer, bf16 rollout weights and the
+# rollout correction, what trainer.precision, explorer.rollout.dtype and algorithm.rollout_is_cap unset pick on
+# hardware that multiplies bf16 natively. "bf16" pins the rollout weights to the policy's dtype: since
+# explorer.rollout.dtype's default became `auto`, an unpinned bf16 variant samples with bf16 weights too.
 VARIANTS = {
     "fp32": ["trainer.precision=fp32"],
-    "bf16": ["trainer.precision=bf16"],
+    "bf16": ["trainer.precision=bf16", "explorer.rollout.dtype=null"],
     # bf16 rollouts without the rollout correction (as measured before algorithm.rollout_is_cap unset turned
     # it on for them) and with it
     "bf16-rollouts": [

@@ -22,11 +22,12 @@ class RolloutConfig(StrictModel):
     float32, trainer.precision is auto or bf16 and the engine is the transformers one (vLLM's bf16 learning
     is not measured: ask for bfloat16 there); the policy's dtype elsewhere (models/bf16.py). None: the
     policy's (model.dtype) everywhere. bfloat16 halves the engine's weights and its KV cache and samples
-    1.15x (25M) to 2.4x (100M) faster than fp32 on an AVX-512-BF16 CPU (benchmarks/decode_step.py), but
+    1.5x (25M) to 2.0x (100M) faster than fp32 on an AVX-512-BF16 CPU (benchmarks/decode_step.py), but
     costs a bf16 copy of the weights where a float32 engine would sample from the trainer's own tensors;
     log-probs then differ from the trainer's by the bf16 error (logged as mismatch/* every step) and the
-    trainer's rollout correction is on (algorithm.rollout_is_cap). The quickstart (three seeds) and the
-    25M workload (one seed) learn the same with it (docs/performance.md)."""
+    trainer's rollout correction is on (algorithm.rollout_is_cap). The quickstart (three seeds) learns the same
+    with it; the 25M workload (two seeds) within the 10-point bar, but lower in both (+67.2 against +73.4
+    points mean gain, docs/performance.md)."""
     autocast_dtype: Literal["bfloat16", "float16"] | None = None
     """transformers engine only: keep the weights in ``dtype`` and run the forward under torch.autocast in
     this dtype (matmuls in bf16, the rest fp32); ``dtype`` auto then keeps the policy's weights. None: off."""
