@@ -118,7 +118,7 @@ def rollout_dtype(
     bfloat16 where the device multiplies bf16 natively (``native_bf16``), the policy is float32, the
     engine is the in-process transformers one and ``trainer.precision`` is auto or bf16 (a run that asks
     for fp32 training keeps fp32 rollouts); the policy's dtype elsewhere. Decoding reads every weight
-    once per token, so bf16 weights halve its memory traffic (a 25M model samples 1.15x and a 100M one 2.4x
+    once per token, so bf16 weights halve its memory traffic (a 25M model samples 1.5x and a 100M one 2.0x
     faster on an AVX-512-BF16 CPU, benchmarks/decode_step.py); the trainer's log-probs stay float32, and the
     gap is logged every step (``mismatch/*``). The quickstart learns the same with bf16 rollouts from the
     transformers engine (docs/performance.md); vLLM's bf16 kernels sample differently and their learning is
