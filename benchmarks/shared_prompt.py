@@ -10,8 +10,9 @@ has in its own row, attending to the shared prompt and to itself only (a boolean
 gradient is the same sum. This script times the trainer's pass (forward, a loss at every response token,
 backward) over the ladder's 25M model, random weights and tokens, bf16 autocast and the trainer's attention
 as `trainer.precision: auto` runs them on this CPU, micro-batches of at most 4,096 tokens, the two layouts
-alternating in one process; and checks that both give the same response log-probs. Trivium's trainer does not
-train in this layout yet: this is the measurement that says where it would pay (docs/performance.md).
+alternating in one process; and checks that both give the same response log-probs. The trainer trains in this
+layout where it pays (`trainer.share_prompts`, trainer/layout.py); benchmarks/shared_prompt_step.py times
+its whole step both ways.
 """
 
 from __future__ import annotations

@@ -8,6 +8,11 @@ Design decisions:
   sequence is never a target. The same layout serves padded rows (one sequence a row) and packed rows
   (several sequences a row, told apart by ``seq_index``), so losses never care which one they get.
 - Grouping ids (task, group, run, step) are separate fields, not one packed string.
+- A third layout shares a prompt (``collate(..., shared_rows=...)``): one row holds the prompt once (less its
+  last token), then per sample a copy of the prompt's last token and the sample's response, at the positions
+  the response has in a row of its own; ``segment_ids`` says which tokens a token may attend to (the shared
+  prompt and its own segment), so every response token gets the log-prob it gets alone, for the prompt's
+  forward and backward once per group instead of once per sample (docs/performance.md).
 
 A preference pair (DPO) is its own type, not an Experience with optional fields; ``collate_pairs``
 lays it out as two sequences with explicit indices, so chosen and rejected are never paired by row order.
@@ -30,6 +35,9 @@ __all__ = [
     "TrainBatch",
     "collate",
     "collate_pairs",
+    "shared_prompt_mask",
+    "shared_prompt_rows",
+    "shared_row_length",
     "version_runs",
 ]
 
@@ -226,6 +234,8 @@ class TrainBatch:
     is_expert: torch.Tensor | None = None  # [N] bool: expert demonstrations (CHORD); None when there are none
     packed: bool = False
     media: RowMedia | None = None  # the rows' images (vision-language experiences); None without images
+    segment_ids: torch.Tensor | None = None  # [R, L] int64, shared-prompt rows only: 0 on a row's shared
+    #                  prompt, k >= 1 on its k-th sample's segment, -1 on padding; None in the other layouts
 
     @property
     def num_seqs(self) -> int:
@@ -272,6 +282,7 @@ class TrainBatch:
             is_expert=None if self.is_expert is None else self.is_expert[old],
             packed=self.packed,
             media=None if self.media is None else self.media.rows(rows),
+            segment_ids=None if self.segment_ids is None else self.segment_ids[rows],
         )
 
     def forward_rows(
@@ -290,6 +301,7 @@ class TrainBatch:
             position_ids=self.position_ids[rows, cols],
             loss_mask=self.loss_mask[rows, cols],
             media=media,
+            segment_ids=None if self.segment_ids is None else self.segment_ids[rows, cols],
         )
 
     def model_inputs(self) -> dict[str, torch.Tensor | None]:
@@ -309,8 +321,11 @@ class TrainBatch:
         whose flash kernel skips the blocks above the diagonal that an explicit mask makes it compute
         (a bf16 forward and backward at 25M on CPU: 1.6x faster at 4k tokens, 1.1x at 1k). Packed rows
         (their mask is None already), other masks and image rows (M-RoPE reads the mask) are kept as is.
+        Shared-prompt rows get a boolean ``[R, 1, L, L]`` mask (``shared_prompt_mask``).
         """
         mask, positions = self.attention_mask, self.position_ids
+        if self.segment_ids is not None:
+            return {"attention_mask": shared_prompt_mask(self.segment_ids), "position_ids": positions}
         if mask is None or self.media is not None:
             return {"attention_mask": mask, "position_ids": positions}
         real = mask.bool()
@@ -324,6 +339,53 @@ class TrainBatch:
         """Broadcast a per-sequence tensor ``[N]`` to ``[R, L]`` (0 on padding)."""
         out = values[self.seq_index.clamp(min=0)]
         return torch.where(self.seq_index >= 0, out, torch.zeros_like(out))
+
+
+def shared_prompt_mask(segment_ids: torch.Tensor) -> torch.Tensor:
+    """``[R, 1, L, L]`` bool, True where query ``i`` may attend to key ``j`` of a shared-prompt row: ``j <= i``
+    and key ``j`` in the shared prompt (segment 0) or in the query's own segment. Every token attends to
+    itself (a padding query too: no all-masked row for the softmax), padding keys to no other query. The
+    form sdpa and ``models/attention.py`` take (transformers passes a 4D mask through unchanged)."""
+    length = segment_ids.shape[1]
+    idx = torch.arange(length, device=segment_ids.device)
+    causal = idx[None, :] <= idx[:, None]  # [L, L]
+    key, query = segment_ids[:, None, :], segment_ids[:, :, None]  # [R, 1, L], [R, L, 1]
+    visible = (key == 0) | ((key == query) & (key > 0))
+    keep = (causal & visible) | torch.eye(length, dtype=torch.bool, device=segment_ids.device)
+    return keep[:, None]
+
+
+def shared_prompt_rows(experiences: Sequence[Experience], max_row_tokens: int) -> list[list[int]]:
+    """Rows of the shared-prompt layout: the experiences (indices) with the same prompt tokens, in order of
+    first appearance, a row holding as many as fit in ``max_row_tokens`` (the prompt once, less its last
+    token, then 1 + response tokens a sample) and at least two (a row's worth of sharing); 0 = no limit.
+    Experiences with no prompt or no response tokens get rows of their own."""
+    by_prompt: dict[bytes, list[int]] = {}
+    alone: list[list[int]] = []
+    for i, e in enumerate(experiences):
+        if e.prompt_length < 1 or e.response_length < 1 or e.images:
+            alone.append([i])
+        else:
+            by_prompt.setdefault(e.tokens[: e.prompt_length].numpy().tobytes(), []).append(i)
+    rows: list[list[int]] = []
+    for members in by_prompt.values():
+        prefix = experiences[members[0]].prompt_length - 1
+        row: list[int] = []
+        length = prefix
+        for i in members:
+            segment = experiences[i].response_length + 1
+            if len(row) >= 2 and max_row_tokens and length + segment > max_row_tokens:
+                rows.append(row)
+                row, length = [], prefix
+            row.append(i)
+            length += segment
+        rows.append(row)
+    return sorted(rows + alone)
+
+
+def shared_row_length(experiences: Sequence[Experience], row: Sequence[int]) -> int:
+    """Tokens of a shared-prompt row (``shared_prompt_rows``)."""
+    return experiences[row[0]].prompt_length - 1 + sum(experiences[i].response_length + 1 for i in row)
 
 
 def version_runs(versions: Sequence[int]) -> list[list[int]]:
@@ -343,6 +405,7 @@ def collate(
     pad_token_id: int,
     pack_length: int | None = None,
     images: Callable[[Sequence[Sequence[str]]], RowMedia] | None = None,
+    shared_rows: Sequence[Sequence[int]] | None = None,
 ) -> TrainBatch:
     """Build a ``TrainBatch`` from experiences.
 
@@ -350,7 +413,8 @@ def collate(
     sequences are placed first-fit-decreasing into rows of at most ``pack_length`` tokens (a sequence
     longer than that gets a row of its own); padding then only fills the row ends. Packed rows need a
     model whose attention honours ``position_ids`` restarts (transformers builds block-causal masks from
-    them when ``attention_mask`` is None).
+    them when ``attention_mask`` is None). Shared prompt (``shared_rows`` set, from ``shared_prompt_rows``):
+    each row holds those experiences, which share their prompt tokens, in the layout of the module docstring.
     """
     if not experiences:
         raise ValueError("collate() needs at least one experience")
@@ -365,6 +429,10 @@ def collate(
             "trainer.pack_length: packed rows are not supported with images (a row's M-RoPE positions are "
             "computed per sequence from its attention mask); set trainer.pack_length: null for image tasks"
         )
+    if shared_rows is not None:
+        if with_images is not None or pack_length is not None:
+            raise ValueError("collate(): shared_rows is a layout of its own: not with pack_length or images")
+        return _collate_shared(experiences, pad_token_id, shared_rows)
     lengths = [int(e.tokens.numel()) for e in experiences]
     if pack_length is None:
         rows = [[i] for i in range(len(experiences))]
@@ -398,6 +466,69 @@ def collate(
         loss_mask=loss_mask,
         seq_index=seq_index,
         rollout_logprobs=rollout_lp,
+        packed=pack_length is not None,
+        media=None if with_images is None else images([experiences[row[0]].images for row in rows]),
+        **_sequence_fields(experiences),
+    )
+
+
+def _collate_shared(
+    experiences: Sequence[Experience], pad_token_id: int, shared_rows: Sequence[Sequence[int]]
+) -> TrainBatch:
+    """``collate``'s shared-prompt layout: per row ``prompt[:-1]`` (segment 0, seq_index -1: no sequence's
+    own), then per experience ``[prompt[-1], *response]`` (segment k, its seq_index) at positions
+    ``P-1, P, ...``; a row of one experience is its sequence as the padded layout lays it out."""
+    placed = sorted(i for row in shared_rows for i in row)
+    if placed != list(range(len(experiences))):
+        raise ValueError("collate(): shared_rows must place every experience exactly once")
+    width = max(shared_row_length(experiences, row) for row in shared_rows)
+    shape = (len(shared_rows), width)
+    input_ids = torch.full(shape, pad_token_id, dtype=torch.long)
+    attention = torch.zeros(shape, dtype=torch.long)
+    position_ids = torch.zeros(shape, dtype=torch.long)
+    loss_mask = torch.zeros(shape, dtype=torch.bool)
+    seq_index = torch.full(shape, -1, dtype=torch.long)
+    segment_ids = torch.full(shape, -1, dtype=torch.long)
+    rollout_lp = torch.zeros(shape, dtype=torch.float32)
+    for r, row in enumerate(shared_rows):
+        first = experiences[row[0]]
+        prompt = first.prompt_length - 1
+        if any(
+            not torch.equal(experiences[i].tokens[: first.prompt_length], first.tokens[: first.prompt_length])
+            for i in row
+        ):
+            raise ValueError(f"collate(): shared row {r} holds experiences whose prompts differ")
+        input_ids[r, :prompt] = first.tokens[:prompt]
+        position_ids[r, :prompt] = torch.arange(prompt)
+        segment_ids[r, :prompt] = 0
+        start = prompt
+        for k, i in enumerate(row, start=1):
+            e = experiences[i]
+            end = start + e.response_length + 1
+            input_ids[r, start:end] = e.tokens[prompt:]
+            position_ids[r, start:end] = torch.arange(prompt, prompt + end - start)
+            seq_index[r, start:end] = i
+            segment_ids[r, start:end] = k
+            action = e.action_mask.bool()
+            loss_mask[r, start + 1 : end] = action
+            rollout_lp[r, start + 1 : end] = torch.where(action, e.logprobs.float(), 0.0)
+            start = end
+        attention[r, :start] = 1
+    return TrainBatch(
+        input_ids=input_ids,
+        attention_mask=attention,
+        position_ids=position_ids,
+        loss_mask=loss_mask,
+        seq_index=seq_index,
+        rollout_logprobs=rollout_lp,
+        segment_ids=segment_ids,
+        **_sequence_fields(experiences),
+    )
+
+
+def _sequence_fields(experiences: Sequence[Experience]) -> dict[str, Any]:
+    """A ``TrainBatch``'s per-sequence fields, in the experiences' order."""
+    return dict(
         rewards=torch.tensor([float(e.reward) for e in experiences], dtype=torch.float32),
         group_ids=torch.tensor([e.group_id for e in experiences], dtype=torch.long),
         model_versions=torch.tensor([e.model_version for e in experiences], dtype=torch.long),
@@ -408,8 +539,6 @@ def collate(
         is_expert=torch.tensor([e.is_expert for e in experiences])
         if any(e.is_expert for e in experiences)
         else None,
-        packed=pack_length is not None,
-        media=None if with_images is None else images([experiences[row[0]].images for row in rows]),
     )
 
 

@@ -424,8 +424,8 @@ def other_value(cls: type[BaseModel], name: str) -> Any:
     if typing.get_origin(annotation) is Literal:
         return next(v for v in typing.get_args(annotation) if v != default)
     kind = annotation if isinstance(annotation, type) else (args[0] if len(args) == 1 else None)
-    if kind is bool:
-        return not default
+    if kind is bool or bool in args:  # a switch, or one with a mode besides (true | false | "auto")
+        return default is not True
     if kind not in (int, float):
         return None
     for value in ((default or 0) + 1, (default or 0) * 2, 1, 0.5, 0.1, 2):

@@ -61,7 +61,7 @@ def test_doctor_derives_each_quantity_of_each_stage(tmp_path, tiny_model_dir, wo
     from trivium.models.chat import render_ids
     from trivium.models.loading import load_tokenizer
 
-    run_cfg = small_config(tmp_path, tiny_model_dir, word_problem_dir)
+    run_cfg = small_config(tmp_path, tiny_model_dir, word_problem_dir, share_prompts=False)
     text, (rl, sft) = explain(run_cfg)
     rows = len(build.task_reader(run_cfg.stages[0].config.buffer.taskset, 0, is_eval=False))
     steps = 2 * math.ceil(rows / 4)  # total_epochs x ceil(rows / batch_size)
@@ -100,6 +100,37 @@ def test_doctor_derives_each_quantity_of_each_stage(tmp_path, tiny_model_dir, wo
         * (c.hidden_size // c.num_attention_heads)
         * (prompt + 10)
         * 4
+    )
+
+
+def test_the_doctor_sizes_shared_prompt_rows_where_the_trainer_takes_them(
+    tmp_path, tiny_model_dir, word_problem_dir
+):
+    separate = explain(small_config(tmp_path, tiny_model_dir, word_problem_dir, share_prompts=False))[1][0]
+    prompt = separate.shapes.seq_len - 10
+    text, (rl, _) = explain(small_config(tmp_path, tiny_model_dir, word_problem_dir))  # auto
+    row = prompt - 1 + 4 * (1 + 10)  # the prompt once, then each of 4 samples: its copy of the last token
+    share = row / (4 * (prompt + 10))
+    assert share <= 0.6  # what auto takes (trainer/layout.py SHARE_AT)
+    assert (
+        f"a task's samples share a row (trainer.share_prompts: auto): the prompt once + 4 x (1 + 10) = {row} "
+        f"tokens, {share:.0%} of one row a sample" in text
+    )
+    # a mini-batch of 8 sequences is 2 rows; the sampler's sequences are what they were
+    assert rl.shapes.seq_len == row and rl.shapes.rows_per_micro == 2 and rl.shapes.loss_tokens == 40
+    assert rl.shapes.rollout_seq == separate.shapes.rollout_seq == prompt + 10
+    assert "2 rows per mini-batch on each of 1 rank(s)" in text
+    # a budget of 3 samples a row: rows of 3 and 1 (the doctor sizes the fuller); off: one row a sample
+    three = row - 11
+    tight = explain(
+        small_config(tmp_path, tiny_model_dir, word_problem_dir, max_tokens_per_micro_batch=three)
+    )
+    assert tight[1][0].shapes.seq_len == three
+    assert (
+        explain(small_config(tmp_path, tiny_model_dir, word_problem_dir, pack_length=128))[1][
+            0
+        ].shapes.seq_len
+        == 128
     )
 
 

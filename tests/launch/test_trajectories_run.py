@@ -1,6 +1,7 @@
 """monitor.trajectories through `trivium run`: every recorded token's rollout log-prob, trainer log-prob at
 the same weights, entropy, advantage and mask; a resumed stage records each step once."""
 
+import json
 import statistics
 
 import pytest
@@ -10,9 +11,10 @@ from trivium.cli import main as cli
 from trivium.monitor.trajectories import read_trajectories
 
 
-def _run(e2e, tmp_path, grpo_steps=3, every=1, per_step=64):
+def _run(e2e, tmp_path, grpo_steps=3, every=1, per_step=64, share_prompts="auto"):
     e2e.write(tmp_path)
     cfg = e2e.config(tmp_path, grpo_steps=grpo_steps)
+    cfg["stages"][1].setdefault("trainer", {})["share_prompts"] = share_prompts
     cfg["stages"][0]["buffer"]["total_steps"] = 5
     cfg["monitor"]["trajectories"] = {"every": every, "per_step": per_step}
     path = tmp_path / "run.yaml"
@@ -22,8 +24,12 @@ def _run(e2e, tmp_path, grpo_steps=3, every=1, per_step=64):
 
 
 @pytest.mark.integration
-def test_every_token_of_the_recorded_samples_carries_its_numbers(e2e, tmp_path):
-    run_dir = _run(e2e, tmp_path)
+@pytest.mark.parametrize("share_prompts", [False, True])
+def test_every_token_of_the_recorded_samples_carries_its_numbers(e2e, tmp_path, share_prompts):
+    run_dir = _run(e2e, tmp_path, share_prompts=share_prompts)
+    grpo = [m for m in map(json.loads, (run_dir / "metrics.jsonl").open()) if m.get("stage") == "grpo"]
+    shared = [m.get("train/shared_prompt", 0.0) for m in grpo if "train/loss" in m]
+    assert shared == [float(share_prompts)] * 3  # each prompt's 8 samples in one row, or a row each
     records = read_trajectories(run_dir)
     assert [r["step"] for r in records] == [s for s in (1, 2, 3) for _ in range(64)]  # every sample of 8 x 8
     assert {r["stage"] for r in records} == {"grpo"} and records[0]["global_step"] == 6

@@ -377,6 +377,14 @@ class TrainerConfig(StrictModel):
     (micro_batch_size). Long rows then run in small micro-batches and short ones in large, at a flat
     memory peak. Activation memory grows with it, speed barely (docs/performance.md); raise it on GPUs
     with memory to spare."""
+    share_prompts: bool | Literal["auto"] = "auto"
+    """Train the samples of a prompt as one row, the prompt once (each response attending to the prompt and to
+    itself): the same log-probs and gradient, the prompt's forward and backward once a row instead of once a
+    sample (0.48x the train pass at 896-token prompts, 128-token responses, 4 samples; trainer/layout.py).
+    auto: a step takes it when its rows' tokens come to at most 60% of one row a sample (metric
+    train/shared_row_tokens); true: always; false: never. A row holds as many samples as fit in
+    max_tokens_per_micro_batch, two at least. Not with pack_length, images, a critic, or attention other than
+    sdpa (true with one of those is an error; auto stays off)."""
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     """Mixed precision of the trainer's passes (fp32 master weights and optimizer state always): bf16 or
     fp16 autocast (fp16 with loss scaling, CUDA only), or fp32. auto: bf16 on CUDA with bf16 and on CPUs

@@ -21,6 +21,7 @@ from trivium.launch.build import why_rollout_copies_weights
 from trivium.launch.memory_estimate import DTYPE_BYTES, Estimate, ModelShape, Shapes, estimate, mib
 from trivium.launch.placement import PLACEMENTS
 from trivium.launch.rollout_correction import rollout_is_cap
+from trivium.trainer.layout import SHARE_AT, shared_row_shape
 from trivium.trainer.parallel import STRATEGIES, micro_cap, micro_rows
 from trivium.validation.validate_layout import engine_dtype, engine_dtype_why
 
@@ -174,6 +175,8 @@ class _Batch:
     response: int  # its response tokens (a packed row's share)
     rows: int  # rows of the data (tasks, or examples)
     unit: str  # what a row is: "tasks" or "rows"
+    per_row: int = 1  # sequences a trained row holds (a task's samples in one row: trainer.share_prompts)
+    sampled: int = 0  # the longest sequence sampled (seq before packing or sharing rows)
 
 
 def stage_facts(stage, index: int, count: int, memory: float | None = None) -> StageFacts:
@@ -192,11 +195,11 @@ def stage_facts(stage, index: int, count: int, memory: float | None = None) -> S
     b, t = cfg.buffer, cfg.trainer
     explores = cfg.mode in ("both", "explore") or (cfg.mode == "train" and b.storage is not None)
     trains = cfg.mode != "explore"  # the explore process of a decoupled run samples only
-    batch, lines = _batch_lines(cfg, tokenizer, explores)
+    preset = get_preset(cfg.algorithm.algorithm_type)
+    batch, lines = _batch_lines(cfg, tokenizer, explores, preset.needs_critic)
     total = b.total_steps or b.total_epochs * math.ceil(batch.rows / b.batch_size)
     more, fullest_rows = _update_lines(cfg, batch, total, trains)
     lines = [head, *lines, *more, *_staleness_lines(cfg)]
-    preset = get_preset(cfg.algorithm.algorithm_type)
     shapes = _shapes(cfg, preset, shape, model, tokenizer, batch, fullest_rows, explores)
     shards = t.world_size if STRATEGIES.get(t.strategy).shards_parameters else 1
     precision = trainer_precision(cfg) if trains else None
@@ -272,15 +275,16 @@ def _advice(
     return advice, lines
 
 
-def _batch_lines(cfg, tokenizer, explores: bool) -> tuple[_Batch, list[str]]:
+def _batch_lines(cfg, tokenizer, explores: bool, critic: bool) -> tuple[_Batch, list[str]]:
     """Experiences and tokens per step: sampled from the task set, or read from a dataset."""
     b, t, r = cfg.buffer, cfg.trainer, cfg.explorer.rollout
+    k = prompt = 0
     if explores and b.taskset is not None:
         k = b.taskset.repeat_times
         episodes = episode_sizes(cfg, tokenizer)
         if episodes is not None:
             rows, size = episodes
-            seq = size.tokens(r.max_tokens)
+            seq, prompt = size.tokens(r.max_tokens), size.opening
             response = seq - size.opening
             how = (
                 "the reply to an empty turn, an upper bound where valid turns get shorter replies"
@@ -316,11 +320,23 @@ def _batch_lines(cfg, tokenizer, explores: bool) -> tuple[_Batch, list[str]]:
             f"{experiences * seq:,} tokens per step",
         ]
         unit = "rows"
+    sampled = seq
     if t.pack_length:  # a packed row holds several sequences: its responses' share of the row
         response = min(t.pack_length, math.ceil(t.pack_length * response / max(seq, 1)))
         seq = t.pack_length
         lines.append(f"               packed into rows of {seq} tokens (trainer.pack_length)")
-    return _Batch(experiences, seq, response, rows, unit), lines
+    per_row = 1
+    shareable = not (t.pack_length or critic or image_tokens(cfg))  # trainer/layout.py's why_not_shared
+    if k > 1 and prompt and t.share_prompts is not False and shareable:
+        members, row = shared_row_shape(prompt, response, k, t.max_tokens_per_micro_batch)
+        if t.share_prompts is True or row <= SHARE_AT * members * seq:
+            lines.append(
+                f"               a task's samples share a row (trainer.share_prompts: {t.share_prompts}): the "
+                f"prompt once + {members} x (1 + {response}) = {row} tokens, {row / (members * seq):.0%} of "
+                "one row a sample"
+            )
+            seq, response, per_row = row, members * response, members
+    return _Batch(experiences, seq, response, rows, unit, per_row, sampled), lines
 
 
 def _update_lines(cfg, batch: _Batch, total: int, trains: bool) -> tuple[list[str], int]:
@@ -334,7 +350,7 @@ def _update_lines(cfg, batch: _Batch, total: int, trains: bool) -> tuple[list[st
     lines = [f"  steps        {total} steps ({how}); the data has {batch.rows} {batch.unit}"]
     mini = t.mini_batch_size or batch.experiences
     minis = math.ceil(batch.experiences / mini)
-    per_rank = math.ceil(mini / t.world_size)
+    per_rank = math.ceil(math.ceil(mini / t.world_size) / batch.per_row)  # rows
     # memory: the fullest pass a batch can make. Shorter batches than the longest allow more rows a pass
     # under a token budget, up to about the budget's tokens, so the rows the budget caps at this width
     # (not the evenly spread ones) stand for it.
@@ -409,7 +425,7 @@ def _shapes(
     if explores and b.taskset is not None and cfg.mode != "train":
         tasks = concurrency or b.batch_size
         in_flight = min(tasks, b.batch_size) * b.taskset.repeat_times
-    rollout_seq = batch.seq if in_flight else 0
+    rollout_seq = batch.sampled if in_flight else 0
     for ts in b.eval_tasksets:
         n, prompt = longest_prompt(ts, tokenizer, cfg.seed)
         in_flight = max(in_flight, min(concurrency or n, n) * cfg.explorer.eval.repeat_times)

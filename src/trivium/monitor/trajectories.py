@@ -93,7 +93,7 @@ class TrajectoryRecorder:
     def _line(
         self, step, e, span, sub_row, row, trainer_lp, entropy, advantages, image_token
     ) -> dict[str, Any]:
-        resp = span[e.prompt_length :]
+        resp = span[span.numel() - e.response_length :]  # a shared-prompt row's span holds no prompt but one
         mask = e.action_mask.bool()
 
         def values(t: torch.Tensor, row_index: int) -> list[float]:

@@ -45,6 +45,7 @@ from trivium.monitor.phases import PhaseTimer
 from trivium.trainer.compiling import compile_decoder_layers
 from trivium.trainer.critic import Critic
 from trivium.trainer.guard import NumericGuard
+from trivium.trainer.layout import plan_shared_rows, why_not_shared
 from trivium.trainer.logprobs import batched_logprobs, forward_logprobs, rows_by_length
 from trivium.trainer.model_io import SHARDS_DIR, export_weights, save_model
 from trivium.trainer.optim import Optimization
@@ -116,6 +117,13 @@ class Trainer:
         if self.parallel.is_leader:
             log.info("%s", self.precision.describe(cfg.precision))
         self.precision.prepare_attention(model, ref_model, teacher_model)
+        self._unshared = why_not_shared(
+            cfg.pack_length, vision is not None, critic is not None, (model, ref_model, teacher_model)
+        )
+        if cfg.share_prompts is True and self._unshared is not None:
+            raise ValueError(
+                f"trainer.share_prompts: true, but {self._unshared}: set trainer.share_prompts to auto or false"
+            )
         if cfg.compile:  # before the strategy's wrapping, as torchtitan does for FSDP2 (compile, then shard)
             compile_decoder_layers(model, self.precision.name, self.device.type)
         self.model = self.parallel.wrap(model)
@@ -154,7 +162,14 @@ class Trainer:
             return self._skipped_step(t0, dropped, "every experience had a non-finite or absurd reward")
         self.model.eval()
         with timer("collate"):
-            batch = collate(experiences, self.pad_token_id, self.cfg.pack_length, self._images).to(
+            shared, layout = (
+                (None, {})
+                if self._unshared
+                else plan_shared_rows(
+                    experiences, self.cfg.share_prompts, self.cfg.max_tokens_per_micro_batch
+                )
+            )
+            batch = collate(experiences, self.pad_token_id, self.cfg.pack_length, self._images, shared).to(
                 self.device
             )
         minis = self._mini_batches(batch)
@@ -181,7 +196,7 @@ class Trainer:
             self.step, f"{skipped} update(s) with a non-finite or absurd gradient norm" if skipped else None
         )
         metrics.update(self._step_metrics(batch, t0, skipped, dropped))
-        return metrics
+        return {**metrics, **layout}
 
     @property
     def _images(self):
@@ -391,7 +406,9 @@ class Trainer:
         """Row index sets, one per optimizer step; shuffled when there is more than one."""
         n = batch.num_rows
         size = self.cfg.mini_batch_size or batch.num_seqs  # in sequences
-        if batch.packed:  # rows hold several sequences: convert with the packing ratio
+        if (
+            n != batch.num_seqs
+        ):  # rows hold several sequences (packed, shared prompts): convert with the ratio
             size = max(1, round(size * n / batch.num_seqs))
         if size >= n:
             return [torch.arange(n)]

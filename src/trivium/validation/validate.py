@@ -272,6 +272,7 @@ def _model_folder_problem(path: str) -> tuple[str, str] | None:
 def _check_algorithm(cfg: TriviumConfig, at) -> list[Problem]:
     from trivium.algorithm.presets import PRESETS
     from trivium.algorithm.registry import ADVANTAGE_FNS, AGGREGATIONS, POLICY_LOSS_FNS
+    from trivium.trainer.layout import why_not_shared
 
     out = []
     a = cfg.algorithm
@@ -321,6 +322,13 @@ def _check_algorithm(cfg: TriviumConfig, at) -> list[Problem]:
         )
     if preset.offline_data is not None and cfg.mode == "train":
         out.extend(_offline_trainer_problems(cfg, at, preset.offline_data))
+    if cfg.trainer.share_prompts is True:  # the trainer's other reasons (images, attention) need the model
+        why = why_not_shared(cfg.trainer.pack_length, False, preset.needs_critic, ())
+        if why:
+            fix = "set trainer.share_prompts: auto (on where it can be) or false"
+            out.append(
+                Problem(at("trainer.share_prompts"), True, f"the shared-prompt layout, but {why}", fix)
+            )
     if not preset.needs_rollouts and cfg.mode == "both":
         out.append(
             Problem(
@@ -374,6 +382,8 @@ def _offline_trainer_inert(cfg: TriviumConfig, kind: str) -> tuple[tuple[str, An
          "DPO makes one update per batch: buffer.batch_size sets the pairs of a step"),
         ("trainer.pack_length", t.pack_length, None,
          "DPO pads each pair's rows (trainer.micro_batch_size / max_tokens_per_micro_batch bound memory)"),
+        ("trainer.share_prompts", t.share_prompts, "auto",
+         "DPO lays out a pair's two responses in rows of their own (pairs sharing the prompt: not built)"),
     )  # fmt: skip
 
 
