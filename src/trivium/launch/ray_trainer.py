@@ -285,7 +285,10 @@ class RayTrainer(FanOutTrainer):
         try:
             return ray.get(refs)
         except ray.exceptions.RayError as error:
-            # a dead rank makes the others' collectives fail too: name the one that died, when one did
+            # a dead rank makes the others' collectives fail too: name the one that died, when one did. A
+            # survivor's error (gloo's "connection reset") can come first, before Ray has marked the dead
+            # one's call failed: give every call a moment to settle before looking
+            ray.wait(refs, num_returns=len(refs), timeout=RANK_SETTLE_S)
             dead = next((n for n, ref in zip(self.names, refs) if _failed(ref)), None)
             if dead is None:
                 raise
@@ -294,6 +297,9 @@ class RayTrainer(FanOutTrainer):
                 f"{type(error).__name__}; the run stops. Run the same command again to resume from the newest "
                 "checkpoint"
             ) from error
+
+
+RANK_SETTLE_S = 10.0  # how long a failed collective waits for the other ranks' calls to end, to name the dead
 
 
 def _failed(ref) -> bool:
