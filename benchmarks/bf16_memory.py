@@ -10,7 +10,8 @@ nothing. Work whose shapes keep changing therefore grows the process in bf16 and
   (512 lengths), as ``models/decode_step.py``'s ``_attend`` computes it now (float32 on CPU) and as it did
   before (bf16 products);
 - ``train``: 200 forward and backward passes of the ladder's 1M model on batches of random shape (1-8 rows of
-  40-200 tokens), under bf16 autocast (``trainer.precision: bf16``) and in fp32.
+  40-200 tokens), under bf16 autocast (``trainer.precision: bf16``) and in fp32; and in bf16 with the widths
+  rounded up to a multiple of 32 (fewer shapes, a little padding).
 
 Each runs with glibc's defaults and with ``MALLOC_MMAP_THRESHOLD_=65536`` (large blocks returned to the
 system when freed, as ``tests/launch/peak_rss.py`` measures), and prints the resident memory at the start and
@@ -19,6 +20,7 @@ the end. Results: docs/performance.md ("A bf16 engine's memory grew with every c
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -53,8 +55,11 @@ else:
     rng = random.Random(0)
     start = None
     for i in range(200):
-        ids = torch.randint(0, 300, (rng.randrange(1, 9), rng.randrange(40, 200)))
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=variant == "bf16 autocast"):
+        rows, width = rng.randrange(1, 9), rng.randrange(40, 200)
+        if variant.startswith("bf16, widths"):  # what the trainer's micro-batches do (trainer/logprobs.py)
+            width = -(-width // 32) * 32
+        ids = torch.randint(0, 300, (rows, width))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=variant.startswith("bf16")):
             model(input_ids=ids, use_cache=False).logits.float().mean().backward()
         start = rss_mb() if start is None else start
 print(f"{{start:.0f}} {{rss_mb():.0f}}")
@@ -65,14 +70,20 @@ CASES = [
     ("decode", "bf16 (before)"),
     ("train", "fp32"),
     ("train", "bf16 autocast"),
+    ("train", "bf16, widths a multiple of 32"),
 ]
 
 
 def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--variants", nargs="+", default=[v for _, v in CASES], choices=[v for _, v in CASES])
+    args = ap.parse_args()
     work = str(REPO / "benchmarks" / "workdir" / "ladder" / "models" / "1M")
     print("| case | products | glibc | RSS at start MB | RSS at end MB | grown MB |")
     print("| --- | --- | --- | --- | --- | --- |")
     for case, variant in CASES:
+        if variant not in args.variants:
+            continue
         for malloc in ("default", "MALLOC_MMAP_THRESHOLD_=65536"):
             env = dict(os.environ)
             env.pop("MALLOC_MMAP_THRESHOLD_", None)
