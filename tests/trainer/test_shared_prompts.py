@@ -149,16 +149,15 @@ def test_a_train_step_on_shared_rows_makes_the_same_update(policy, tokenizer):
 
 
 def test_a_trainer_that_cannot_share_says_why(policy, tiny_model_dir):
-    assert why_not_shared(None, False, False, [policy]) is None
-    assert "pack_length" in why_not_shared(64, False, False, [policy])
-    assert "critic" in why_not_shared(None, False, True, [policy])
-    assert "images" in why_not_shared(None, True, False, [policy])
+    assert why_not_shared(None, False, [policy]) is None
+    assert "pack_length" in why_not_shared(64, False, [policy])
+    assert "images" in why_not_shared(None, True, [policy])
     from transformers import AutoModelForCausalLM
 
     eager = AutoModelForCausalLM.from_pretrained(
         tiny_model_dir, dtype=torch.float32, attn_implementation="eager"
     )
-    assert "'eager' takes no boolean mask" in why_not_shared(None, False, False, [policy, eager])
+    assert "'eager' takes no boolean mask" in why_not_shared(None, False, [policy, None, eager])
     with pytest.raises(ValueError, match=r"share_prompts: true, but trainer\.pack_length"):
         make_trainer(policy, micro=2, share_prompts=True, pack_length=64)
     # auto with a trainer that cannot: one row a sample, no error
@@ -167,6 +166,39 @@ def test_a_trainer_that_cannot_share_says_why(policy, tiny_model_dir):
     assert TrainerConfig(share_prompts="auto").share_prompts == "auto"
     with pytest.raises(ValueError):
         TrainerConfig(share_prompts="sometimes")
+
+
+def test_ppo_policy_and_critic_make_the_same_updates_on_shared_rows(policy, tokenizer):
+    from trivium.config.schema import AlgorithmConfig, CriticConfig
+    from trivium.trainer.critic import Critic, ValueModel
+    from trivium.trainer.spec import AlgorithmSpec
+    from trivium.trainer.trainer import Trainer
+
+    exps = long_prompt_experiences(policy, tokenizer)
+    spec = AlgorithmSpec.from_config(AlgorithmConfig(algorithm_type="ppo"))
+    trained, metrics = [], []
+    for share in (False, True):
+        tcfg = TrainerConfig(lr=1e-3, micro_batch_size=2, grad_clip=0.0, share_prompts=share)
+        model = copy.deepcopy(policy)
+        critic = Critic(
+            ValueModel.from_causal_lm(policy), CriticConfig(lr=1e-2, warmup_steps=0), tcfg, 10, 12
+        )
+        trainer = Trainer(
+            model, tcfg, spec, pad_token_id=0, total_steps=10, max_response_length=12, critic=critic
+        )
+        for opt in (
+            trainer.optim,
+            critic.optim,
+        ):  # SGD: the change is the gradient (Adam would amplify noise)
+            opt.optimizer = torch.optim.SGD(opt.optimizer.param_groups[0]["params"], lr=1e-2)
+        metrics.append(trainer.train_step(exps))
+        trained.append((model, critic.model))
+    assert metrics[1]["train/shared_prompt"] == 1.0
+    for key in ("loss/value", "train/loss", "value/explained_variance"):
+        assert metrics[0][key] == pytest.approx(metrics[1][key], abs=1e-5), key
+    for a, b in zip(*trained):
+        for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
+            assert torch.allclose(pa, pb, atol=1e-6), name
 
 
 def test_bf16_training_with_its_short_attention_takes_the_shared_mask(policy, tokenizer):

@@ -383,8 +383,8 @@ class TrainerConfig(StrictModel):
     sample (0.48x the train pass at 896-token prompts, 128-token responses, 4 samples; trainer/layout.py).
     auto: a step takes it when its rows' tokens come to at most 60% of one row a sample (metric
     train/shared_row_tokens); true: always; false: never. A row holds as many samples as fit in
-    max_tokens_per_micro_batch, two at least. Not with pack_length, images, a critic, or attention other than
-    sdpa (true with one of those is an error; auto stays off)."""
+    max_tokens_per_micro_batch, two at least. Not with pack_length, images, or attention other than sdpa in
+    a model that reads the batch (true with one of those is an error; auto stays off)."""
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     """Mixed precision of the trainer's passes (fp32 master weights and optimizer state always): bf16 or
     fp16 autocast (fp16 with loss scaling, CUDA only), or fp32. auto: bf16 on CUDA with bf16 and on CPUs

@@ -196,7 +196,7 @@ def stage_facts(stage, index: int, count: int, memory: float | None = None) -> S
     explores = cfg.mode in ("both", "explore") or (cfg.mode == "train" and b.storage is not None)
     trains = cfg.mode != "explore"  # the explore process of a decoupled run samples only
     preset = get_preset(cfg.algorithm.algorithm_type)
-    batch, lines = _batch_lines(cfg, tokenizer, explores, preset.needs_critic)
+    batch, lines = _batch_lines(cfg, tokenizer, explores)
     total = b.total_steps or b.total_epochs * math.ceil(batch.rows / b.batch_size)
     more, fullest_rows = _update_lines(cfg, batch, total, trains)
     lines = [head, *lines, *more, *_staleness_lines(cfg)]
@@ -275,7 +275,7 @@ def _advice(
     return advice, lines
 
 
-def _batch_lines(cfg, tokenizer, explores: bool, critic: bool) -> tuple[_Batch, list[str]]:
+def _batch_lines(cfg, tokenizer, explores: bool) -> tuple[_Batch, list[str]]:
     """Experiences and tokens per step: sampled from the task set, or read from a dataset."""
     b, t, r = cfg.buffer, cfg.trainer, cfg.explorer.rollout
     k = prompt = 0
@@ -326,7 +326,7 @@ def _batch_lines(cfg, tokenizer, explores: bool, critic: bool) -> tuple[_Batch, 
         seq = t.pack_length
         lines.append(f"               packed into rows of {seq} tokens (trainer.pack_length)")
     per_row = 1
-    shareable = not (t.pack_length or critic or image_tokens(cfg))  # trainer/layout.py's why_not_shared
+    shareable = not (t.pack_length or image_tokens(cfg))  # trainer/layout.py's why_not_shared
     if k > 1 and prompt and t.share_prompts is not False and shareable:
         members, row = shared_row_shape(prompt, response, k, t.max_tokens_per_micro_batch)
         if t.share_prompts is True or row <= SHARE_AT * members * seq:

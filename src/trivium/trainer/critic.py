@@ -115,9 +115,12 @@ class Critic:
                 scale=scale,
             )
             self.optim.backward(loss)
+            # the losses are this micro-batch's share of the mini-batch's already: added up; the other
+            # metrics are micro-batch means: weighted by the micro-batch's share of the tokens
             weight = float(sub.loss_mask.sum()) / max(1.0, scale.num_tokens)
             for k, v in {"value/loss": float(loss.detach()), **metrics}.items():
-                sums[k] = sums.get(k, 0.0) + float(v) * (1.0 if k == "value/loss" else weight)
+                share = k in ("value/loss", "loss/value")
+                sums[k] = sums.get(k, 0.0) + float(v) * (1.0 if share else weight)
         sums["value/grad_norm"] = self.optim.step()
         self.model.eval()
         return sums

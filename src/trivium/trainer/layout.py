@@ -9,8 +9,9 @@ at 32-token prompts with 96-token responses, 8 samples, where the rows barely sh
 its causal kernel. ``trainer.share_prompts: auto`` takes it for a step when its rows' tokens come to at most
 ``SHARE_AT`` of one row a sample (0.34 and 0.79 in those two cases); ``true`` always, ``false`` never.
 
-It needs attention that takes an arbitrary boolean mask (sdpa, ``models/attention.py``), and is not combined
-with packed rows, images or a critic (whose value head would need the same layout: not built).
+It needs attention that takes an arbitrary boolean mask (sdpa, ``models/attention.py``) in every model that
+reads the batch (policy, reference, teacher, the critic's backbone: each takes ``TrainBatch.attention_inputs``),
+and is not combined with packed rows or images.
 """
 
 from __future__ import annotations
@@ -28,18 +29,13 @@ MASKED_ATTENTION = ("sdpa", "trivium")  # attention implementations that take a 
 
 
 def why_not_shared(
-    pack_length: int | None,
-    vision: bool,
-    critic: bool,
-    models: Sequence[torch.nn.Module | None],
+    pack_length: int | None, vision: bool, models: Sequence[torch.nn.Module | None]
 ) -> str | None:
     """Why this trainer cannot train shared-prompt rows (None: it can)."""
     if pack_length is not None:
         return "trainer.pack_length packs the rows (a layout of its own)"
     if vision:
         return "the model takes images (a row's M-RoPE positions come from its own mask)"
-    if critic:
-        return "the algorithm trains a critic (its value head reads one row a sample)"
     for model in models:
         impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
         if model is not None and impl not in MASKED_ATTENTION:

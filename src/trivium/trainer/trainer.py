@@ -118,7 +118,9 @@ class Trainer:
             log.info("%s", self.precision.describe(cfg.precision))
         self.precision.prepare_attention(model, ref_model, teacher_model)
         self._unshared = why_not_shared(
-            cfg.pack_length, vision is not None, critic is not None, (model, ref_model, teacher_model)
+            cfg.pack_length,
+            vision is not None,
+            (model, ref_model, teacher_model, None if critic is None else critic.model.backbone),
         )
         if cfg.share_prompts is True and self._unshared is not None:
             raise ValueError(

@@ -323,7 +323,7 @@ def _check_algorithm(cfg: TriviumConfig, at) -> list[Problem]:
     if preset.offline_data is not None and cfg.mode == "train":
         out.extend(_offline_trainer_problems(cfg, at, preset.offline_data))
     if cfg.trainer.share_prompts is True:  # the trainer's other reasons (images, attention) need the model
-        why = why_not_shared(cfg.trainer.pack_length, False, preset.needs_critic, ())
+        why = why_not_shared(cfg.trainer.pack_length, False, ())
         if why:
             fix = "set trainer.share_prompts: auto (on where it can be) or false"
             out.append(
