@@ -446,6 +446,7 @@ def _shapes(
         rollout_shares_weights=not why_rollout_copies_weights(cfg),
         overlap=cfg.synchronizer.sync_offset > 0,
         moment_bytes=2 if cfg.trainer.optimizer_state_dtype == "bfloat16" else 0,
+        shared_rows=batch.per_row > 1,
     )
 
 
