@@ -60,6 +60,29 @@ def test_explore_step_stamps_groups_versions_and_batches_calls(engine, word_prob
     assert sorted({e.group_id for e in explorer.queue.get(16)}) == [4, 5, 6, 7]  # ids never repeat
 
 
+def test_a_sync_between_the_steps_start_and_its_samples_stamps_the_weights_that_sampled(
+    engine, word_problem_dir, monkeypatch
+):
+    """An explorer that runs ahead reads the version when its step starts; a sync can land before the first
+    token. The samples are stamped with the weights that drew them, not as stale as the step's start."""
+    import trivium.explorer.explorer as module
+
+    explorer = make_explorer(engine, word_problem_dir)
+    engine.update_weights(engine.state_dict(), version=7)
+
+    tally_class = module.StepTally
+
+    def tally_then_sync(version):
+        tally = tally_class(version=version)
+        engine.update_weights(engine.state_dict(), version=8)  # the trainer publishes: the step read 7
+        return tally
+
+    monkeypatch.setattr(module, "StepTally", tally_then_sync)
+    metrics = explorer.explore_step(step=1)
+    assert metrics["rollout/model_version"] == 7.0  # the step began with 7
+    assert {e.model_version for e in explorer.queue.get(16)} == {8}
+
+
 def test_seeded_exploration_is_reproducible(tiny_model_dir, word_problem_dir):
     runs = []
     for _ in range(2):

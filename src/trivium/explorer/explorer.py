@@ -2,8 +2,8 @@
 
 Workflows of one step run concurrently in threads; each is a registered worker of the batching rollout
 model, so their model calls are sampled in one batch (as many prompts as tasks in flight). The explorer
-stamps what a workflow cannot know: the group id (one per task per step), the model version and the
-step. A workflow that raises fails its task only; the failure is counted and logged with the task id.
+stamps what a workflow cannot know: the group id (one per task per step), the model version (the oldest
+weights that sampled one of its tokens, ``sampled_by``) and the step. A workflow that raises fails its task only; the failure is counted and logged with the task id.
 Robustness knobs: ``max_retries`` re-runs a failed task (a fresh workflow and environments) up to that many
 more times; ``workflow_timeout_s`` stops a run at its next model call once it is over time (environment
 steps have their own timeout, see envs/calls.py). Every failure, of a task or of one episode inside it,
@@ -57,6 +57,15 @@ class LongRowError(TaskDataError):
             "set's on_long_row: skip (drop such rows, counted in skipped_long_tasks) or truncate (cut the "
             "prompt's oldest tokens, counted in truncated_prompts)"
         )
+
+
+def sampled_by(experience: Experience, step_version: int) -> int:
+    """The experience's weights version: the oldest that sampled one of its tokens where the engine said
+    (``info["token_versions"]``), else the version when the step began. Not simply the latter: a sync can
+    land between the step's start and a sample's first token (an explorer running ahead of the trainer),
+    and a sample stamped older than its weights would count as stale (the staleness filter, M2PO)."""
+    known = [int(v) for v, n in experience.info.get("token_versions") or () if int(v) >= 0 and int(n) > 0]
+    return min(known) if known else step_version
 
 
 class Explorer:
@@ -192,7 +201,9 @@ class Explorer:
             if observe is not None:
                 observe(r.task, r.experiences)
             group = [
-                e.replace(group_id=self.next_group_id, model_version=tally.version, explore_step=step)
+                e.replace(
+                    group_id=self.next_group_id, model_version=sampled_by(e, tally.version), explore_step=step
+                )
                 for e in r.experiences
             ]
             self.next_group_id += 1
