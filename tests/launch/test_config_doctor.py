@@ -120,7 +120,7 @@ def test_the_doctor_sizes_shared_prompt_rows_where_the_trainer_takes_them(
     assert rl.shapes.seq_len == row and rl.shapes.rows_per_micro == 2 and rl.shapes.loss_tokens == 40
     assert rl.shapes.rollout_seq == separate.shapes.rollout_seq == prompt + 10
     assert "2 rows per mini-batch on each of 1 rank(s)" in text
-    # the masks: a bool [L, L] a row and sdpa's float32 copy in each of the 2 layers (fp32 here)
+    # the masks: one additive float32 [L, L] a row (fp32 here), which the 2 layers share
     import dataclasses
 
     from trivium.launch.config_doctor import model_and_tokenizer
@@ -129,7 +129,7 @@ def test_the_doctor_sizes_shared_prompt_rows_where_the_trainer_takes_them(
     shape = model_and_tokenizer(small_config(tmp_path, tiny_model_dir, word_problem_dir).stages[0].config)[0]
     args = (shape, dataclasses.replace(rl.shapes, shared_rows=False), "float32", "float32")
     unmasked = estimate(*args).parts["trainer"]["activations"]
-    assert rl.estimate.parts["trainer"]["activations"] - unmasked == 2 * row**2 * (1 + 2 * 4)
+    assert rl.estimate.parts["trainer"]["activations"] - unmasked == 2 * row**2 * 4
     # a budget of 3 samples a row: rows of 3 and 1 (the doctor sizes the fuller); off: one row a sample
     three = row - 11
     tight = explain(

@@ -80,7 +80,7 @@ def test_bf16_is_as_close_to_float64_as_sdpa_is():
         assert short <= 3 * sdpa + 1e-3, errors
 
 
-def test_dispatch_takes_short_bf16_cpu_causal_or_boolean_only():
+def test_dispatch_takes_short_bf16_cpu_causal_boolean_or_only_masking():
     module = torch.nn.Module()
     q, k, _ = (x.detach() for x in qkv(n=8, s=8, dtype=torch.bfloat16))
 
@@ -92,7 +92,11 @@ def test_dispatch_takes_short_bf16_cpu_causal_or_boolean_only():
     assert not short(q.float(), k.float(), None)  # fp32: sdpa
     long_k = torch.zeros(2, 2, SHORT_KEYS + 1, 8, dtype=torch.bfloat16)
     assert not short(q, long_k, None)
-    assert not short(q, k, torch.zeros(2, 1, 8, 8, dtype=torch.bfloat16))  # an additive float mask
+    masking = torch.zeros(2, 1, 8, 8, dtype=torch.bfloat16)
+    masking[..., 3:] = float("-inf")  # an additive mask that only masks (the trainer's shared-prompt rows)
+    assert short(q, k, masking)
+    assert short(q, k, masking.clamp(min=torch.finfo(torch.bfloat16).min))  # transformers' lowest value
+    assert not short(q, k, masking.nan_to_num(neginf=0.0) - 1.5)  # a bias (ALiBi and the like): sdpa's
     assert not short(q, k, None, sliding_window=4)
     assert not short(q, k, None, is_causal=False)  # bidirectional without a mask
 
@@ -120,3 +124,13 @@ def test_a_switched_model_trains_like_sdpa_under_bf16(tiny_model_dir, monkeypatc
     assert (a - b).abs().max() <= 0.05 * a.abs().max()
     for ga, gb in zip(grads_a, grads_b):
         assert (ga - gb).norm() <= 0.05 * ga.norm() + 1e-6
+
+
+def test_an_additive_mask_that_only_masks_gives_the_boolean_masks_output():
+    q, k, v = (x.detach().to(torch.bfloat16) for x in qkv(n=8, s=8))
+    keep = padding_keep(2, 8, [8, 5])
+    additive = torch.zeros(keep.shape, dtype=torch.bfloat16).masked_fill_(~keep, float("-inf"))
+    module = torch.nn.Module()
+    a = attention.attention(module, q, k, v, keep)[0]
+    b = attention.attention(module, q, k, v, additive)[0]
+    assert torch.equal(a, b)

@@ -134,6 +134,38 @@ def test_shared_rows_give_each_response_the_logprobs_and_gradients_of_its_own_ro
         assert torch.allclose(ga, gb, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("autocast", [False, True])
+def test_the_layers_share_one_additive_mask_that_the_backward_keeps(policy, tokenizer, autocast, monkeypatch):
+    """sdpa turns a boolean mask into an additive one in every layer and keeps each for the backward; the
+    trainer passes it additive in the attention's dtype, once (``TrainBatch.attention_inputs``)."""
+    exps = long_prompt_experiences(policy, tokenizer)
+    batch = collate(exps, 0, shared_rows=shared_prompt_rows(exps, 0))
+    length = batch.input_ids.shape[1]
+    layers = policy.config.num_hidden_layers
+    assert layers >= 2
+
+    def kept(pass_):
+        storages = {}
+
+        def pack(t):
+            if t.shape[-2:] == (length, length):
+                storages[t.untyped_storage().data_ptr()] = t.dtype
+            return t
+
+        hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+        with hooks, torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            lp = pass_()
+        return lp, storages
+
+    with monkeypatch.context() as m:  # the boolean mask, as before
+        m.setattr("trivium.trainer.logprobs.compute_dtype", lambda model: None)
+        before, copies = kept(lambda: forward_logprobs(policy, batch)[0])
+    assert len(copies) == layers  # what it costs with a boolean mask: one [L, L] a layer
+    after, shared = kept(lambda: forward_logprobs(policy, batch)[0])
+    assert list(shared.values()) == [torch.bfloat16 if autocast else torch.float32]
+    assert torch.equal(after, before)  # sdpa's own conversion, made once
+
+
 def test_a_train_step_on_shared_rows_makes_the_same_update(policy, tokenizer):
     exps = long_prompt_experiences(policy, tokenizer)
     a, b = copy.deepcopy(policy), copy.deepcopy(policy)

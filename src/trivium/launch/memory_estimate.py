@@ -131,9 +131,9 @@ def estimate(
     mb = s.moment_bytes or wb
     tokens = s.rows_per_micro * s.seq_len
     act = tokens * shape.layers * shape.act_bytes_per_token_layer(wb, autocast)
-    if s.shared_rows:  # the boolean [L, L] mask a row, and sdpa's additive copy of it in the compute dtype,
-        # made and kept for the backward by every layer (measured: 2 x 4225 tokens, 8 layers, bf16: +650 MB)
-        act += s.rows_per_micro * s.seq_len**2 * (1 + shape.layers * (2 if autocast else wb))
+    if s.shared_rows:  # a row's additive [L, L] mask in the compute dtype, one the layers share (sdpa keeps
+        # it for the backward; a boolean one it would copy in every layer: +650 MB at 2 x 4225 tokens, 8 layers)
+        act += s.rows_per_micro * s.seq_len**2 * (2 if autocast else wb)
     head_tokens = s.rows_per_micro * min(s.loss_tokens, s.seq_len)
     if s.head_chunk:  # one chunk's logits, float32 (measured: log-sum-exp adds no second copy)
         head = min(head_tokens, s.head_chunk) * shape.vocab * 4

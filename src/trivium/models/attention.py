@@ -13,7 +13,8 @@ sdpa's.
 embedding hands over float32) up to ``SHORT_KEYS`` keys, without dropout and without the extras some models
 add (sliding windows, soft-capping, sinks); everything else goes to transformers' sdpa function unchanged.
 The mask is sdpa's (``sdpa_mask``): None means causal, else a boolean ``[rows, 1, queries, keys]``, True
-where a query may attend. On a CPU without bf16 instructions the products run under ``Bf16MatmulEmulation``,
+where a query may attend, or an additive one that only masks (0 or -inf / the dtype's lowest, as the
+trainer's shared-prompt rows pass it: ``TrainBatch.attention_inputs``). On a CPU without bf16 instructions the products run under ``Bf16MatmulEmulation``,
 like every bf16 product of the trainer, so the result does not depend on the CPU. Numerics: the scores are a
 bf16 product, as in transformers' eager attention (sdpa's flash kernel keeps them in float32), about twice
 sdpa's error against a float64 reference; the softmax is float32 in both. The trainer switches its models to
@@ -28,7 +29,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SHORT_KEYS", "ShortAttention", "attention", "register", "use_short_attention"]
+__all__ = ["SHORT_KEYS", "ShortAttention", "attention", "compute_dtype", "register", "use_short_attention"]
 
 NAME = "trivium"
 SHORT_KEYS = 192  # the longest key sequence ShortAttention takes: sdpa's flash kernel is as fast at ~192-256
@@ -120,6 +121,8 @@ def attention(
     if _short(module, query, key, attention_mask, dropout, is_causal, kwargs):
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
         keep = None if attention_mask is None else attention_mask[..., : key.shape[-2]]
+        if keep is not None and keep.dtype != torch.bool:
+            keep = keep == 0  # an additive mask that only masks (``_short`` checked)
         low = (x.to(torch.bfloat16) for x in (query, key, value))  # what autocast does to sdpa's inputs
         out = ShortAttention.apply(*low, keep, scale)
         return out.transpose(1, 2).contiguous(), None
@@ -148,11 +151,26 @@ def _short(module, query, key, mask, dropout, is_causal, extras) -> bool:
         return False
     if any(extras.get(name) is not None for name in _EXTRAS):
         return False
-    if mask is not None and mask.dtype != torch.bool:
-        return False
+    if mask is not None and mask.dtype != torch.bool and not _only_masks(mask):
+        return False  # a bias beyond masking (ALiBi and the like): sdpa adds it
     if mask is None and not (is_causal if is_causal is not None else getattr(module, "is_causal", True)):
         return False  # bidirectional attention without a mask: leave it to sdpa
     return query.shape[1] % key.shape[1] == 0
+
+
+def _only_masks(mask: torch.Tensor) -> bool:
+    """An additive mask of 0 (attend) and -inf or the dtype's lowest (masked) only."""
+    return bool(((mask == 0) | (mask <= torch.finfo(mask.dtype).min)).all())
+
+
+def compute_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype ``model``'s attention computes in now: autocast's where autocast is on for the device of its
+    weights, else its weights' (a float model's attention casts its inputs to neither)."""
+    param = next(model.parameters())
+    kind = param.device.type
+    if torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind)
+    return param.dtype
 
 
 def register() -> None:

@@ -14,6 +14,7 @@ from torch import nn
 from trivium.algorithm.aggregation import loss_scale
 from trivium.algorithm.losses_value import value_loss
 from trivium.config.schema import CriticConfig, TrainerConfig
+from trivium.models.attention import compute_dtype
 from trivium.trainer.optim import Optimization
 from trivium.types import TrainBatch
 
@@ -39,7 +40,7 @@ class ValueModel(nn.Module):
     def forward(self, batch: TrainBatch) -> torch.Tensor:
         hidden = self.backbone(
             input_ids=batch.input_ids,
-            **batch.attention_inputs(),
+            **batch.attention_inputs(compute_dtype(self.backbone)),
             use_cache=False,
         ).last_hidden_state
         values = self.head(hidden[:, :-1]).squeeze(-1).float()

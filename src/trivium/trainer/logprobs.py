@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from trivium.models.attention import compute_dtype
 from trivium.trainer.parallel import Parallel
 from trivium.types import TrainBatch
 
@@ -70,7 +71,7 @@ def rows_by_length(loss_mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
 def _head_logprobs(model, head, batch: TrainBatch, temperature: float, entropy: bool):
     """The loss-token path of ``forward_logprobs``: no vocabulary projection but of the loss positions."""
     out = model(
-        **batch.model_inputs(),
+        **batch.model_inputs(compute_dtype(model)),
         use_cache=False,
         output_hidden_states=True,
         logits_to_keep=torch.empty(0, dtype=torch.long, device=batch.input_ids.device),
@@ -216,7 +217,7 @@ def output_head(model: torch.nn.Module) -> torch.nn.Module | None:
 
 def _full_logprobs(model, batch: TrainBatch, temperature: float, entropy: bool):
     """Logits at every position (``[R, L, V]``), log-probs at every position."""
-    out = model(**batch.model_inputs(), use_cache=False)
+    out = model(**batch.model_inputs(compute_dtype(model)), use_cache=False)
     logits = out.logits[:, :-1].float()
     if temperature != 1.0:
         logits = logits / temperature
