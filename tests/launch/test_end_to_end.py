@@ -43,6 +43,12 @@ def learning(records):
     return sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4, sft_acc[-1], grpo[-1]["eval/test/accuracy"]
 
 
+def final_sft_loss(records, last=10):
+    """The SFT stage's mean ``sft/nll`` over its ``last`` steps."""
+    nll = [r["sft/nll"] for r in records if r["stage"] == "sft" and "sft/nll" in r]
+    return sum(nll[-last:]) / len(nll[-last:])
+
+
 def check_learned_and_complete(run_dir, records, bf16_somewhere=False, engine_copy=False):
     grpo = [r for r in records if r["stage"] == "grpo"]
     first, last, sft_acc, end_acc = learning(records)
@@ -95,17 +101,18 @@ def test_bf16_trainer_learns_as_well_as_fp32(fp32_run, tmp_path, caplog):
     issue 23). One pair of runs of this 40-step task differs by up to ~14 points of mean GRPO reward in
     either direction (measured: fp32 0.661, bf16 0.796 on one CPU; on another the order can flip), so the
     margin is 20 points; the quickstart's mean over seeds is benchmarks/precision.py's to measure. The SFT
-    stage's accuracy (64 test problems) comes out lower in bf16 by about 0.1: 0.453 vs 0.547 with one row a
-    sample, 0.469 vs 0.578 with shared prompts (fp32's own two layouts, equal up to float rounding, end 0.03
-    apart after 150 steps): the margin is 0.15, against the quickstart-sized failures it is there to catch."""
+    stage is compared by its loss, not its accuracy: half of each word's demonstrations are wrong
+    (conftest.py), so the SFT model puts about half its mass on each of two digits, and which one greedy
+    decoding picks is a coin flip per word that any rounding decides (measured: SFT accuracy fp32 0.547 /
+    bf16 0.453 on an AVX-512-BF16 CPU, fp32 0.703 / bf16 0.297 on an AVX2 one, with final losses 0.221 and
+    0.214 on the latter). The loss at the end of SFT (mean of the last 10 steps) must be within 10% of fp32's."""
     with caplog.at_level("INFO", logger="trivium.trainer.trainer"):
         run_dir, records = run_e2e(tmp_path, precision="bf16")
     assert caplog.text.count("trainer.precision bf16 -> bf16") == 2  # the SFT stage's trainer and GRPO's
     check_learned_and_complete(run_dir, records, bf16_somewhere=True)  # fp32 rollouts: shared weights
     assert not any("rollout_is/weight_mean" in r for r in records)  # the engine's dtype is the policy's
-    _, _, sft_acc, _ = learning(records)
-    _, _, f_sft, _ = learning(fp32_run[1])
-    assert abs(sft_acc - f_sft) <= 0.15, (sft_acc, f_sft)  # the SFT stage in bf16 learns as fp32's does
+    nll, f_nll = final_sft_loss(records), final_sft_loss(fp32_run[1])
+    assert nll <= 1.1 * f_nll, (nll, f_nll)  # the SFT stage in bf16 learns as fp32's does
     mean = mean_grpo_reward(records)
     assert mean >= mean_grpo_reward(fp32_run[1]) - 0.2, (mean, mean_grpo_reward(fp32_run[1]))
 
