@@ -562,14 +562,15 @@ def _state_ids(experiences: Sequence[Experience]) -> torch.Tensor | None:
 
 
 def collate_pairs(
-    pairs: Sequence[PreferencePair], pad_token_id: int
+    pairs: Sequence[PreferencePair], pad_token_id: int, shared_rows: Sequence[Sequence[int]] | None = None
 ) -> tuple[TrainBatch, torch.Tensor, torch.Tensor]:
     """Collate pairs as ``2P`` sequences; returns the batch and ``chosen_index``, ``rejected_index`` [P].
 
-    Sequence ``chosen_index[k]`` and ``rejected_index[k]`` are the two responses of pair k.
+    Sequence ``chosen_index[k]`` and ``rejected_index[k]`` are the two responses of pair k, in rows of their
+    own or in ``shared_rows`` (``collate``'s; DPO's are ``[2k, 2k + 1]``, a pair a row).
     """
     sequences = [e for pair in pairs for e in pair.as_experiences()]
-    batch = collate(sequences, pad_token_id)
+    batch = collate(sequences, pad_token_id, shared_rows=shared_rows)
     index = torch.arange(len(pairs)) * 2
     return batch, index, index + 1
 

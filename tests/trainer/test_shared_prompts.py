@@ -260,3 +260,49 @@ def test_check_config_refuses_share_prompts_true_where_no_run_could_take_it():
     assert load_config(quickstart, ["trainer.share_prompts=true"]).config.trainer.share_prompts is True
     with pytest.raises(ConfigError, match=r"(?s)trainer.share_prompts.*trainer.pack_length packs the rows"):
         load_config(quickstart, ["trainer.share_prompts=true", "trainer.pack_length=256"])
+
+
+@pytest.mark.parametrize("micro", [2, 4])
+def test_dpo_pairs_with_their_prompt_once_make_the_same_update(policy, tokenizer, micro):
+    """A DPO pair as one row (the prompt, then the chosen and the rejected response): the same loss, metrics
+    and update as two rows, whatever the micro-batch split."""
+    from trivium.config.schema import DpoConfig
+    from trivium.trainer.dpo import DpoTrainer
+    from trivium.types import PreferencePair
+
+    words = " ".join(f"Tom has {i} pens and gives {i + 1} away." for i in range(5))
+    pairs = []
+    for k in range(5):
+        prompt = torch.tensor(tokenizer(f"{words} Case {k}:")["input_ids"])
+        chosen = torch.tensor(tokenizer(f" He has {k} left.")["input_ids"])
+        rejected = torch.tensor(tokenizer(" None" * (k + 1))["input_ids"])  # lengths differ: padding
+        pairs.append(PreferencePair(prompt=prompt, chosen=chosen, rejected=rejected, pair_id=str(k)))
+    reference = copy.deepcopy(policy).eval().requires_grad_(False)
+    with torch.no_grad():  # a reference apart from the policy: log-ratios not all 0
+        for p in reference.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    trained, metrics = [], []
+    for share in (False, True):
+        model = copy.deepcopy(policy)
+        tcfg = TrainerConfig(lr=1.0, micro_batch_size=micro, grad_clip=0.0, share_prompts=share)
+        trainer = DpoTrainer(
+            model, reference, tcfg, DpoConfig(beta=0.5, label_smoothing=0.1), pad_token_id=0, total_steps=4
+        )
+        trainer.optim.optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+        metrics.append(trainer.train_step(pairs))
+        trained.append(model)
+    assert "train/shared_prompt" not in metrics[0]
+    assert metrics[1]["train/shared_prompt"] == 1.0 and metrics[1]["train/shared_row_tokens"] < SHARE_AT
+    for key in metrics[0]:
+        if key.startswith(("dpo/", "train/loss", "train/grad_norm")):
+            assert metrics[0][key] == pytest.approx(metrics[1][key], rel=1e-4, abs=1e-6), key
+    for (name, pa), pb in zip(trained[0].named_parameters(), trained[1].parameters()):
+        assert torch.allclose(pa, pb, atol=1e-6), name
+    assert not torch.allclose(next(trained[0].parameters()), next(policy.parameters()))
+    # auto takes it for these long prompts; with an attention that takes no mask, true is refused
+    eager = copy.deepcopy(policy)
+    eager.config._attn_implementation = "eager"
+    with pytest.raises(ValueError, match=r"share_prompts: true, but the model's attention 'eager'"):
+        DpoTrainer(
+            eager, reference, TrainerConfig(share_prompts=True), DpoConfig(), pad_token_id=0, total_steps=1
+        )

@@ -3,6 +3,9 @@
 The reference model's summed log-probs are computed once per batch (no gradient), then the policy is
 trained over micro-batches of whole pairs; each micro-batch adds its pairs' share of the batch mean, so
 the loss does not depend on the micro-batch size. Chosen and rejected are paired by explicit indices.
+A pair is two rows, or one with ``trainer.share_prompts`` (``trainer/layout.py``: the prompt once, then the
+chosen and the rejected response, each attending to the prompt and to itself; ``auto`` takes it for a step
+whose pair rows hold at most ``SHARE_AT`` of two rows' tokens, long prompts against short responses).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from trivium.algorithm.losses_preference import dpo_loss
 from trivium.config.schema import DpoConfig, TrainerConfig
 from trivium.trainer.compiling import compile_decoder_layers
 from trivium.trainer.guard import NumericGuard
+from trivium.trainer.layout import plan_shared_rows, why_not_shared
 from trivium.trainer.logprobs import batched_logprobs, token_logprobs
 from trivium.trainer.model_io import export_weights, save_model
 from trivium.trainer.optim import Optimization
@@ -45,6 +49,11 @@ class DpoTrainer:
             cfg.precision, self.device, next(model.parameters()).dtype, model_probe(model, self.device)
         )
         self.precision.prepare_attention(model, ref_model)
+        self._unshared = why_not_shared(None, False, (model, ref_model))
+        if cfg.share_prompts is True and self._unshared is not None:
+            raise ValueError(
+                f"trainer.share_prompts: true, but {self._unshared}: set trainer.share_prompts to auto or false"
+            )
         if cfg.compile:
             compile_decoder_layers(model, self.precision.name, self.device.type)
         self.optim = Optimization(model, cfg, precision=self.precision)
@@ -56,10 +65,12 @@ class DpoTrainer:
 
     def train_step(self, pairs: Sequence[PreferencePair]) -> dict[str, float]:
         t0 = time.perf_counter()
-        batch, chosen, rejected = collate_pairs(pairs, self.pad_token_id)
+        shared, layout = self._layout(pairs)
+        batch, chosen, rejected = collate_pairs(pairs, self.pad_token_id, shared)
         batch = batch.to(self.device)
-        micro = micro_rows(
-            self.cfg.micro_batch_size,
+        rows_a_pair = 2 if shared is None else 1
+        micro = micro_rows(  # micro_batch_size counts sequences: as many pairs a pass in either layout
+            self.cfg.micro_batch_size if shared is None else max(1, self.cfg.micro_batch_size // 2),
             self.cfg.max_tokens_per_micro_batch,
             batch.num_rows,
             batch.input_ids.shape[1],
@@ -70,12 +81,12 @@ class DpoTrainer:
         self.model.train()
         skipped_before = self.optim.skipped
         n_pairs = len(pairs)
-        per_micro = max(1, micro // 2)  # pairs per micro-batch, two rows each
+        per_micro = max(1, micro // rows_a_pair)  # pairs per micro-batch
         sums: dict[str, float] = {}
         for start in range(0, n_pairs, per_micro):
             k = torch.arange(start, min(start + per_micro, n_pairs))
-            rows = torch.stack([chosen[k], rejected[k]], dim=1).flatten()  # pair order kept: c0 r0 c1 r1 ...
-            sub = batch.select_rows(rows)
+            rows = k if shared is not None else torch.stack([chosen[k], rejected[k]], dim=1).flatten()
+            sub = batch.select_rows(rows)  # sequences in pair order: c0 r0 c1 r1 ...
             with self.precision.autocast():
                 lp = token_logprobs(self.model, sub)
             seq = sequence_sums(lp, sub.loss_mask, sub.seq_index, sub.num_seqs)
@@ -107,7 +118,16 @@ class DpoTrainer:
             "train/lr": self.optim.lr,
             "train/pairs": float(n_pairs),
             "train/step_seconds": time.perf_counter() - t0,
+            **layout,
         }
+
+    def _layout(self, pairs: Sequence[PreferencePair]) -> tuple[list[list[int]] | None, dict[str, float]]:
+        """A pair a row (``[2k, 2k + 1]``: its chosen and rejected sequences), or None for a row a sequence."""
+        if self._unshared is not None:
+            return None, {}
+        sequences = [e for pair in pairs for e in pair.as_experiences()]
+        one_a_pair = [[2 * k, 2 * k + 1] for k in range(len(pairs))]
+        return plan_shared_rows(sequences, self.cfg.share_prompts, 0, rows=one_a_pair)
 
     def export_weights(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """The policy's weights (see ``model_io.export_weights``)."""

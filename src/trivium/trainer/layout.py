@@ -11,7 +11,8 @@ its causal kernel. ``trainer.share_prompts: auto`` takes it for a step when its 
 
 It needs attention that takes an arbitrary boolean mask (sdpa, ``models/attention.py``) in every model that
 reads the batch (policy, reference, teacher, the critic's backbone: each takes ``TrainBatch.attention_inputs``),
-and is not combined with packed rows or images.
+and is not combined with packed rows or images. DPO lays a pair out so (the prompt once, then the chosen and
+the rejected response), by the same rule.
 """
 
 from __future__ import annotations
@@ -44,15 +45,19 @@ def why_not_shared(
 
 
 def plan_shared_rows(
-    experiences: Sequence[Experience], setting: bool | str, max_row_tokens: int
+    experiences: Sequence[Experience],
+    setting: bool | str,
+    max_row_tokens: int,
+    rows: Sequence[Sequence[int]] | None = None,
 ) -> tuple[list[list[int]] | None, dict[str, float]]:
-    """The shared rows of this step's experiences (``types.shared_prompt_rows``), or None for one row a
-    sample; with ``train/shared_prompt`` (1 when shared) and ``train/shared_row_tokens`` (the shared rows'
-    tokens over one-row-a-sample's: the fraction of the tokens it would run) for the step's metrics.
-    ``setting``: ``trainer.share_prompts`` (true, false, "auto"), for a trainer that can (``why_not_shared``)."""
+    """The shared rows of this step's experiences (``types.shared_prompt_rows``, or ``rows`` where the caller
+    has them: DPO's, a pair a row), or None for one row a sample; with ``train/shared_prompt`` (1 when shared)
+    and ``train/shared_row_tokens`` (the shared rows' tokens over one-row-a-sample's: the fraction of the
+    tokens it would run) for the step's metrics. ``setting``: ``trainer.share_prompts`` (true, false,
+    "auto"), for a trainer that can (``why_not_shared``)."""
     if setting is False:
         return None, {}
-    rows = shared_prompt_rows(experiences, max_row_tokens)
+    rows = shared_prompt_rows(experiences, max_row_tokens) if rows is None else [list(r) for r in rows]
     separate = sum(int(e.tokens.numel()) for e in experiences)
     ratio = sum(shared_row_length(experiences, row) for row in rows) / max(1, separate)
     share = len(rows) < len(experiences) and (setting is True or ratio <= SHARE_AT)

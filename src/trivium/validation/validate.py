@@ -382,8 +382,6 @@ def _offline_trainer_inert(cfg: TriviumConfig, kind: str) -> tuple[tuple[str, An
          "DPO makes one update per batch: buffer.batch_size sets the pairs of a step"),
         ("trainer.pack_length", t.pack_length, None,
          "DPO pads each pair's rows (trainer.micro_batch_size / max_tokens_per_micro_batch bound memory)"),
-        ("trainer.share_prompts", t.share_prompts, "auto",
-         "DPO lays out a pair's two responses in rows of their own (pairs sharing the prompt: not built)"),
     )  # fmt: skip
 
 
