@@ -10,8 +10,10 @@ Each rung is a model shape and a length (prompt + response tokens). Models are r
 (``ladder_parts.py``): speed and memory do not need a trained model. Both frameworks get the same model
 folder, prompts, reward (``ladder_parts.letter_reward``), group size, response length and one update per
 batch (no KL, constant lr), each in its own process, alternating; a rung's first step is dropped (warm-up)
-and the median of the others is reported. Each at its best settings: TRL with bf16 (``--trl-fp32`` turns it
-off) and without gradient checkpointing (its fastest); Trivium with what it chooses itself
+and the median of the others is reported. Each at its best settings: TRL with bf16 where the CPU multiplies bf16 in
+hardware and fp32 elsewhere (``trivium.models.bf16.native_bf16``: plain torch runs bf16 products on an AVX2
+CPU some 300x slower than fp32; ``--trl-fp32`` / ``--trl-bf16`` force one) and without gradient
+checkpointing (its fastest); Trivium with what it chooses itself
 (``trainer.precision: auto``, micro-batches of its token budget); ``--set KEY=VALUE`` adds Trivium overrides.
 
 Per run: s/step, rollout and train seconds, generated tokens/s (of the rollout phase), trained tokens/s (of
@@ -67,20 +69,24 @@ FULL = [r for r in RUNGS if not r.startswith("ci-")]
 
 # --- the machine's arithmetic rate ------------------------------------------------------------------------
 def matmul_rate() -> dict[str, float]:
-    """FLOP/s of a 2048² matmul on all threads, fp32 and bf16 (median of 5 after a warm-up)."""
+    """FLOP/s of a 2048² matmul on all threads, fp32 and bf16 (median of 5 after a warm-up). Where the CPU has
+    no bf16 instructions the bf16 rate is a 256² product's: at 2048² plain torch takes about a minute each."""
     import torch
+
+    from trivium.models.bf16 import native_bf16
 
     out = {}
     for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
-        a = torch.randn(2048, 2048, dtype=dtype)
-        b = torch.randn(2048, 2048, dtype=dtype)
+        n = 2048 if dtype == torch.float32 or native_bf16(torch.device("cpu"))[0] else 256
+        a = torch.randn(n, n, dtype=dtype)
+        b = torch.randn(n, n, dtype=dtype)
         a @ b
         times = []
         for _ in range(5):
             t0 = time.perf_counter()
             a @ b
             times.append(time.perf_counter() - t0)
-        out[name] = 2 * 2048**3 / statistics.median(times)
+        out[name] = 2 * n**3 / statistics.median(times)
     return out
 
 
@@ -331,7 +337,12 @@ def main() -> int:
     ap.add_argument(
         "--steps", type=int, help="steps per run, the first dropped (default: 3, and 2 at the 0.5B rungs)"
     )
-    ap.add_argument("--trl-fp32", action="store_true", help="TRL without bf16")
+    ap.add_argument(
+        "--trl-fp32",
+        action="store_true",
+        help="TRL in fp32 (default: bf16 where the CPU has bf16 instructions)",
+    )
+    ap.add_argument("--trl-bf16", action="store_true", help="TRL in bf16 even where the CPU emulates it")
     ap.add_argument("--no-memory", action="store_true", help="skip the doctor's check (a third run per rung)")
     ap.add_argument(
         "--memory-only",
@@ -356,6 +367,14 @@ def main() -> int:
         plot(json.loads(out.with_suffix(".json").read_text())["results"], out.with_suffix(".png"))
         return 0
     rungs = QUICK if args.quick else (args.rungs or FULL)
+    if not (args.trl_fp32 or args.trl_bf16):
+        import torch
+
+        from trivium.models.bf16 import native_bf16
+
+        fast, why = native_bf16(torch.device("cpu"))
+        args.trl_fp32 = not fast
+        print(f"TRL in {'bf16' if fast else 'fp32'}: {why}", file=sys.stderr, flush=True)
     # every run imports the reward as ladder_parts:letter_reward
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCH), os.environ.get("PYTHONPATH")]))
     work = Path(args.work).resolve()
