@@ -98,3 +98,15 @@ def test_what_counts_as_a_trivium_run():
     assert _is_trivium_run(["python", "-m", "trivium.cli", "run", "-c", "a.yaml"])
     assert not _is_trivium_run(["python", "-m", "trivium.launch.rank", "--rank", "1"])
     assert not _is_trivium_run(["/venv/bin/trivium", "check-config", "run.yaml"])
+
+
+def test_a_run_keeps_datasets_unimported_and_its_progress_bars_off_when_it_is():
+    """`datasets` (0.7 s to import) is loaded only by runs that read a Hub dataset; its bars stay off."""
+    code = (
+        "import sys; from trivium.launch.run import _quiet_libraries; _quiet_libraries(); "
+        "assert 'datasets' not in sys.modules, 'datasets imported'; "
+        "import datasets; assert not datasets.is_progress_bar_enabled(), 'bars on'"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "HF_DATASETS_DISABLE_PROGRESS_BARS"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -14,6 +14,7 @@ import logging
 import os
 import random
 import shutil
+import sys
 from pathlib import Path
 
 import torch
@@ -202,10 +203,14 @@ def _quiet_libraries() -> None:
     # The Rust tokenizer's thread pool competes with torch for the cores while workflows tokenise in
     # threads (measured: rollout 25% slower on 2 cores); the explorer's threads give enough parallelism.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import datasets
+    # `datasets` (0.7 s to import) is needed only by runs that read a Hub dataset or a datasets format
+    # (buffer/sources.py imports it then): its switch is read from the environment when it is imported.
+    if "datasets" in sys.modules:
+        sys.modules["datasets"].disable_progress_bars()
+    else:
+        os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"
     import transformers
 
-    datasets.disable_progress_bars()
     transformers.utils.logging.disable_progress_bar()
     # math-verify warns once per process that we disabled its signal-based timeouts (needed in threads)
     logging.getLogger("math_verify").setLevel(logging.ERROR)
