@@ -22,7 +22,10 @@ a third, 2-step run measured as ``tests/launch/peak_rss.py`` does (the tensors l
 what the steps add at their fullest; not the interpreter and libraries; ``--no-memory`` skips it). The floors are arithmetic: a step's FLOPs (the
 train phase ``6·N·T`` over every token plus ``6·h·V`` at the loss tokens and causal attention; the rollout
 ``2·N`` per prompt and generated token plus the head ``2·h·V`` per generated token) over this machine's
-matmul rate in the phase's dtype, measured at the start (2048² matmuls, all threads).
+matmul rate in the phase's dtype, measured at the start (2048² matmuls, all threads). A rollout decodes
+one token a row per step, so its products have as many rows as samples in flight (64 at 25M@128), and
+the BLAS runs those below the 2048² rate: the rollout's second floor takes the decode's products at the
+rate ``decode_rate`` measures for the rung's rows and shape (what no rollout of those rows beats here).
 
 Writes ``benchmarks/results/ladder.md``, ``ladder.json`` and ``ladder.png`` (``--out`` another prefix).
 """
@@ -90,6 +93,41 @@ def matmul_rate() -> dict[str, float]:
     return out
 
 
+def decode_rate(shape: str, rows: int, dtype: str) -> float:
+    """FLOP/s of a decode step's products at ``rows`` rows: one new token a row through every layer's
+    projections (distinct weights per layer, as the model's: not cache-hot) and the head, median of 9 after
+    two warm-ups. Products of a few rows run below the 2048² rate (2-core EPYC, AVX2: 64 x 512 x 1536 at 0.6x of
+    it); no rollout of that many rows multiplies faster on this machine."""
+    import torch
+    import torch.nn.functional as F
+
+    hidden, layers, heads, kv_heads, inter, vocab = SHAPES[shape]
+    kv = kv_heads * hidden // heads
+    dt = getattr(torch, dtype)
+    x, xi = torch.randn(rows, hidden, dtype=dt), torch.randn(rows, inter, dtype=dt)
+    outs = (hidden, kv, kv, hidden, inter, inter)
+    weights = [[torch.randn(n, hidden, dtype=dt) for n in outs] + [torch.randn(hidden, inter, dtype=dt)]
+               for _ in range(layers)]  # fmt: skip
+    head = torch.randn(vocab, hidden, dtype=dt)
+
+    def step() -> None:
+        for layer in weights:
+            for w in layer[:-1]:
+                F.linear(x, w)
+            F.linear(xi, layer[-1])
+        F.linear(x, head)
+
+    step()
+    step()  # the first products also start the thread pool
+    times = []
+    for _ in range(9):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    flops = 2 * rows * (layers * (hidden * (sum(outs) + inter)) + vocab * hidden)
+    return flops / statistics.median(times)
+
+
 def shape_numbers(shape: str) -> dict[str, int]:
     """Parameters (all, and without the tied embedding) of a shape, counted on the meta device."""
     import torch
@@ -112,11 +150,17 @@ def floors(rung: str, run: dict, rate: dict[str, float], train_dtype: str, rollo
     shape, prompt, _, prompts, group = RUNGS[rung]
     seqs = prompts * group
     train, rollout = phase_flops(shape, prompt, seqs, run["tokens_per_step"])
-    return {
+    out = {
         "train_s": train / rate[train_dtype],
         "rollout_s": rollout / rate[rollout_dtype],
         "trained_tokens": seqs * (prompt + run["tokens_per_step"] / seqs),
     }
+    key = f"decode:{shape}:{seqs}:{rollout_dtype}"  # the rung's rows, measured once a ladder
+    if key in rate:
+        n = shape_numbers(shape)
+        decode = 2 * (n["body"] + n["hidden"] * n["vocab"]) * run["tokens_per_step"]
+        out["rollout_rows_s"] = decode / rate[key] + (rollout - decode) / rate[rollout_dtype]
+    return out
 
 
 def phase_flops(shape: str, prompt: int, seqs: int, generated: int) -> tuple[float, float]:
@@ -242,23 +286,33 @@ def _why(done: subprocess.CompletedProcess) -> str:
 # --- the report -------------------------------------------------------------------------------------------
 def rung_result(args, rung: str, work: Path, rate: dict[str, float]) -> dict:
     """One rung: its model (made once into ``--work``), prompts, both runs, the doctor and the floors."""
+    import torch
+
+    from trivium.models.bf16 import native_bf16
+
     shape, prompt, _, prompts, _ = RUNGS[rung]
     model = make_model(shape, Path(args.work).resolve() / "models" / shape)
     data = make_prompts(model, prompt, prompts * args.steps, work / f"{rung}.jsonl")
     config = trivium_config(args, model, data, rung, work)
     out = {"rung": rung, "shape": shape, "params": shape_numbers(shape)["params"]}
+    out["doctor_mib"], train_dtype, rollout_dtype = doctor_and_dtypes(config, args.overrides)
+    trl_dtype = "float32" if args.trl_fp32 else "bfloat16"
+    rows = prompts * RUNGS[rung][4]  # sampled at once by both frameworks
+    for dtype in {trl_dtype, rollout_dtype}:  # measured before the runs, with nothing else on the cores
+        key = f"decode:{shape}:{rows}:{dtype}"
+        if key not in rate and (dtype == "float32" or native_bf16(torch.device("cpu"))[0]):
+            rate[key] = decode_rate(shape, rows, dtype)  # (emulated bf16: minutes, and no one's floor)
     out["trl"] = run_trl(args, model, data, rung)
     out["trivium"] = run_trivium(args, config, work, rung)
-    out["doctor_mib"], train_dtype, rollout_dtype = doctor_and_dtypes(config, args.overrides)
     if not args.no_memory:
         out["measured_mib"] = measure(config, *args.overrides, "buffer.total_steps=2")["peak_mb"]
-    trl_dtype = "float32" if args.trl_fp32 else "bfloat16"
     for side, dtypes in (("trl", (trl_dtype, trl_dtype)), ("trivium", (train_dtype, rollout_dtype))):
         if "failed" not in out[side]:
             f = floors(rung, out[side], rate, *dtypes)
             out[side].update(
                 floor_train_s=f["train_s"],
                 floor_rollout_s=f["rollout_s"],
+                floor_rollout_rows_s=f.get("rollout_rows_s"),
                 train_tok_s=f["trained_tokens"] / max(out[side]["train_s"], 1e-9),
                 dtypes="/".join(SHORT[d] for d in dtypes),
             )
@@ -271,7 +325,8 @@ SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 def table(results: list[dict], today: str | None = None) -> list[str]:
     """The results as markdown rows; a rung measured on another day than ``today`` says its date."""
     lines = [
-        "| rung | params | run | dtypes train/rollout | s/step | vs TRL | rollout s (floor) | train s (floor) | "
+        "| rung | params | run | dtypes train/rollout | s/step | vs TRL | rollout s (floor; at its rows) | "
+        "train s (floor) | "
         "generated tok/s | trained tok/s | peak RSS MB | doctor / measured |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
@@ -289,9 +344,11 @@ def table(results: list[dict], today: str | None = None) -> list[str]:
             if side == "trivium" and "measured_mib" in r:
                 got = r["measured_mib"]
                 doctor = f"{r['doctor_mib']:,.0f} / {got:,.0f} = {r['doctor_mib'] / got:.2f}"
+            rows_floor = x.get("floor_rollout_rows_s")
+            at_rows = f"; {x['rollout_s'] / rows_floor:.1f}x" if rows_floor else ""
             lines.append(
                 f"{head} {x['dtypes']} | {x['s_step']:.2f} | {ratio} | {x['rollout_s']:.2f} "
-                f"({x['rollout_s'] / x['floor_rollout_s']:.1f}x) | {x['train_s']:.2f} "
+                f"({x['rollout_s'] / x['floor_rollout_s']:.1f}x{at_rows}) | {x['train_s']:.2f} "
                 f"({x['train_s'] / x['floor_train_s']:.1f}x) | {x['gen_tok_s']:,.0f} | {x['train_tok_s']:,.0f} | "
                 f"{x['peak_rss_mb']:,.0f} | {doctor} |"
             )
@@ -402,7 +459,9 @@ def main() -> int:
         f"bf16 {rate['bfloat16'] / 1e9:.0f} GFLOP/s. {given or '3 (0.5B: 2)'} steps a run, the first dropped. "
         f"TRL: {'fp32' if args.trl_fp32 else 'bf16'}, no gradient checkpointing. Trivium: its own choices"
         + (f" + {', '.join(args.overrides)}" if args.overrides else "")
-        + ". Floors: FLOPs over the phase dtype's matmul rate. doctor / measured: `trivium doctor`'s peak "
+        + ". Floors: FLOPs over the phase dtype's matmul rate; the rollout's also at the rate this machine "
+        "multiplies at the rung's rows (`decode_rate`: a decode step's products, one token a row; prefill and "
+        "attention at the 2048² rate). doctor / measured: `trivium doctor`'s peak "
         "estimate against the measured peak tensor memory (tests/launch/peak_rss.py, a 2-step run).",
         "",
     ]
