@@ -49,3 +49,30 @@ def test_a_missing_config_file_is_named_as_the_command_takes_it(argv, named, cap
     assert cli([w.replace("no/such.yaml", "no") for w in argv]) == 2
     err = capsys.readouterr().err
     assert "a folder, not a config file" in err and named.removeprefix("check ") in err
+
+
+def test_the_command_exits_with_mains_code_and_the_collector_frozen(tmp_path):
+    """`trivium` (console script and `python -m trivium.cli`) is `entry`: main's exit code, and the teardown
+    spared the scan of what is alive (gc.freeze, measured 1.2-1.5 s after a run); atexit handlers still run."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import atexit, gc, sys; "
+        "atexit.register(lambda: print('frozen at exit:', gc.get_freeze_count() > 0, flush=True)); "
+        "sys.argv = ['trivium'] + sys.argv[1:]; "
+        "from trivium.cli import entry; entry()"
+    )
+    quickstart = REPO / "examples" / "quickstart" / "grpo_word_problems.yaml"
+    ok = subprocess.run(
+        [sys.executable, "-c", probe, "check-config", str(quickstart)], capture_output=True, text=True
+    )
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert "frozen at exit: True" in ok.stdout
+    bad = subprocess.run(
+        [sys.executable, "-c", probe, "check-config", str(tmp_path / "missing.yaml")],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode != 0 and "missing.yaml" in bad.stderr
+    assert 'trivium = "trivium.cli:entry"' in (REPO / "pyproject.toml").read_text()

@@ -8,9 +8,25 @@ option has a help text (tests/test_cli_basics.py checks it).
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import sys
 from pathlib import Path
+
+
+def entry() -> None:
+    """The ``trivium`` command (its console script and ``python -m trivium.cli``): ``main``, then the exit.
+
+    Before exiting it freezes the garbage collector (``gc.freeze``): the interpreter's teardown then does
+    not scan the objects alive at the end, which after a ``trivium run`` (torch, transformers and a model
+    loaded) took 1.2-1.5 s of every command's exit, against 0.2 s frozen (measured on a 2-core EPYC). What
+    an exit must do still happens: atexit handlers (logging's flush, weakref finalizers such as temporary
+    folders') run, and every object whose last reference goes is still freed. Only objects held in
+    reference cycles are left to the process's end, as Python allows at exit. ``main`` itself, which tests
+    and other programs call in their own process, changes nothing about the collector."""
+    code = main()
+    gc.freeze()
+    sys.exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -485,4 +501,4 @@ def _cmd_plot(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
