@@ -1,5 +1,5 @@
 """validation/cluster_fit.py: whether a stage's Ray actors fit a cluster (pure: totals and nodes given);
-the Ray runs and check-config against real clusters are in tests/launch/ray_nodes_cases.py."""
+the Ray runs and check-config against real clusters are in tests/launch/test_ray_nodes.py."""
 
 import pytest
 

@@ -50,7 +50,7 @@ ELSEWHERE: dict[str, str] = {
     },
     **{
         f"ActorResources.{f}": "Ray actor options (launch/ray_cluster.py): tests/launch/test_ray_runs.py, "
-        "tests/launch/ray_nodes_cases.py"
+        "tests/launch/test_ray_nodes.py"
         for f in ("num_cpus", "num_gpus", "memory_gb", "resources")
     },
     **{

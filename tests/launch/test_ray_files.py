@@ -1,5 +1,5 @@
 """cluster.checkpoint_files: which trainer ranks' checkpoint files go through the driver (the decision;
-the files' journey through Ray is tests/launch/ray_nodes_cases.py's three-node run and its resume on one
+the files' journey through Ray is tests/launch/test_ray_nodes.py's three-node run and its resume on one
 node)."""
 
 from pathlib import Path

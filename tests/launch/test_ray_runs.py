@@ -17,15 +17,6 @@ import pytest
 import yaml
 from tests.launch.helpers import assert_same_records, partial_records, without
 
-# the 3-node tests run in this module's worker (why: ray_nodes_cases.py's docstring)
-from tests.launch.ray_nodes_cases import (  # noqa: F401
-    test_a_lost_node_moves_its_engine_or_ends_the_run_resumable,
-    test_check_config_asks_the_cluster_it_joins_not_this_machine,
-    test_explorer_engine_and_rank_on_three_nodes_learn,
-    test_with_no_address_the_cluster_is_this_machine,
-    three_nodes,
-)
-
 from trivium.monitor.metrics import read_metrics
 
 ray = pytest.importorskip("ray")
@@ -34,8 +25,13 @@ SMALL = {"num_cpus": 0.5}  # 2 engines + 2 ranks fit into the 2 logical CPUs
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    """A one-node Ray cluster for this module; its address is in RAY_ADDRESS for `address: auto`."""
+def ray_cluster(tmp_path_factory):
+    """A one-node Ray cluster for this module, started as a user starts one (`ray start --head` on a free
+    port, 2 CPUs); its address is in RAY_ADDRESS for `address: auto`.
+
+    `--block` keeps `ray start` running as the cluster's owner: SIGTERM to it stops this cluster's processes
+    and no other (`ray stop` would stop every Ray cluster on the machine, among them the 3-node clusters of
+    tests/launch/test_ray_nodes.py, which may run in another pytest worker meanwhile)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -47,16 +43,29 @@ def ray_cluster():
     os.environ["RAY_AUTH_MODE"] = "disabled"
     start = [str(RAY), "start", "--head", f"--port={port}", "--num-cpus=2", "--node-ip-address=127.0.0.1"]
     start += ["--object-store-memory=200000000", "--include-dashboard=false", "--disable-usage-stats"]
+    start += [f"--temp-dir={temp}", "--block"]
     # workers at normal priority, as docs/cluster.md says to start a cluster (Ray's default, niceness 15,
     # starved the actors beside the other test worker's runs); test_..._equal_the_local_backend checks it
     env = {**os.environ, "RAY_worker_niceness": "0"}
     address = f"127.0.0.1:{port}"
     os.environ["RAY_ADDRESS"] = address
+    log = tmp_path_factory.mktemp("ray-start") / "ray-start.log"
+    with open(log, "w") as sink:
+        owner = subprocess.Popen(
+            start, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
     try:
-        subprocess.run([*start, f"--temp-dir={temp}"], check=True, capture_output=True, timeout=120, env=env)
+        deadline = time.monotonic() + 120
+        while "Ray runtime started" not in log.read_text():
+            assert owner.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
         yield address
     finally:
-        subprocess.run([str(RAY), "stop", "--force"], capture_output=True, timeout=120)
+        owner.terminate()  # --block: its processes drain and stop, then it exits
+        try:
+            owner.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(owner.pid, signal.SIGKILL)
         for key, value in old.items():
             if value is None:
                 os.environ.pop(key, None)

@@ -38,6 +38,10 @@ log = logging.getLogger(__name__)
 __all__ = ["ClusterError", "RayCluster", "Request", "stage_requests"]
 
 _CURRENT: RayCluster | None = None
+# actor id -> where it last started (``placement_info``): what ``lost_node`` compares with the live nodes.
+# Per process: the driver fills it as it places actors, and hands its engines' entries to the explorer actor
+# (``placements``, ``remember_placements``), which waits for a restarted engine itself.
+_PLACED: dict[str, dict[str, Any]] = {}
 # Ray logs an error-level line for every process that starts an actor with max_restarts > 0 and arguments
 # in the object store, whether or not anything holds them; here something does.
 RESTART_LINE_EXPLAINED = (
@@ -63,7 +67,6 @@ class RayCluster:
     groups: dict[str, list[Any]] = field(default_factory=dict)  # placement groups, by role
     held: dict[str, list[Any]] = field(default_factory=dict)  # restartable actors' arguments, by role
     explained_restart_line: bool = False
-    placed: dict[str, dict[str, Any]] = field(default_factory=dict)  # actor id -> where it last started
 
     @classmethod
     def connect(cls, cfg, config_dir: Path) -> RayCluster:
@@ -216,7 +219,7 @@ class RayCluster:
         log.info(
             "Ray: placed %s on node %s %s (pid %s)", name, where["node"], where["node_id"][:12], where["pid"]
         )
-        self.placed[actor._actor_id.hex()] = where
+        _PLACED[actor._actor_id.hex()] = where
         warning = priority_warning(name, where)
         if warning:
             log.warning(warning)
@@ -242,6 +245,7 @@ class RayCluster:
             self.kill(role)
         if self.started_here:
             ray.shutdown()
+        _PLACED.clear()
         _CURRENT = None
 
 
@@ -284,8 +288,7 @@ def wait_restarted(actor, cfg, what: str, error: BaseException) -> dict[str, Any
             raise ClusterError(_not_back(what, cfg, lost_node(actor))) from error
         except ray.exceptions.RayError as again:
             raise ClusterError(f"{what} did not come back after dying: {again}. {RESUME}") from again
-        if _CURRENT is not None:
-            _CURRENT.placed[actor._actor_id.hex()] = where
+        _PLACED[actor._actor_id.hex()] = where
         return where
 
 
@@ -300,12 +303,23 @@ def _not_back(what: str, cfg, lost: str) -> str:
     return f"{what} was not restarted within cluster.start_timeout_s={cfg.start_timeout_s:g} s{why}. {RESUME}"
 
 
+def placements(actors: list[Any]) -> dict[str, dict[str, Any]]:
+    """Where each of ``actors`` last started, as this process knows it (for ``remember_placements``)."""
+    return {a._actor_id.hex(): _PLACED[a._actor_id.hex()] for a in actors if a._actor_id.hex() in _PLACED}
+
+
+def remember_placements(placed: dict[str, dict[str, Any]]) -> None:
+    """In an actor that waits for other actors' restarts (the explorer's engines): where they started, as
+    the driver saw it, so that a lost node is named here too."""
+    _PLACED.update(placed)
+
+
 def lost_node(actor) -> str:
     """'it ran on node IP ID, which has left the cluster' when the node ``actor`` last started on is no
     longer alive, else ''."""
     import ray
 
-    where = _CURRENT.placed.get(actor._actor_id.hex()) if _CURRENT is not None else None
+    where = _PLACED.get(actor._actor_id.hex())
     if not where:
         return ""
     alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}

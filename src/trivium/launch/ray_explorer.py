@@ -29,7 +29,14 @@ from typing import Any
 
 import torch
 
-from trivium.launch.ray_cluster import ClusterError, RayCluster, Request, placement_info, wait_restarted
+from trivium.launch.ray_cluster import (
+    ClusterError,
+    RayCluster,
+    Request,
+    placement_info,
+    placements,
+    wait_restarted,
+)
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +65,13 @@ class ExplorerActor:
     def __init__(self, config_json: str, plugin_dir: str, tokenizer, engines: list, meta: dict, failure_log):
         from trivium.config.schema import TriviumConfig
         from trivium.launch import build
-        from trivium.launch.ray_cluster import quiet_actor
+        from trivium.launch.ray_cluster import quiet_actor, remember_placements
         from trivium.launch.ray_engines import EnginePool
         from trivium.models.batching import BatchingRolloutModel
         from trivium.validation.load import load_plugins
 
         quiet_actor()
+        remember_placements(meta.get("placed", {}))  # a lost engine node is named here too
         cfg = TriviumConfig.model_validate_json(config_json)
         problems = load_plugins(cfg.plugins, Path(plugin_dir))
         if problems:
@@ -131,6 +139,7 @@ class RemoteExplorer:
         pool = model.engine
         cluster.check_fits([Request("cluster.explorer", cfg.cluster.explorer, 1)])
         meta = {**pool.meta, "dtype": str(pool.weights_dtype).removeprefix("torch."), "version": pool.version}
+        meta["placed"] = placements(pool.actors)
         name = f"{stage}/explorer-{next(_EXPLORERS)}"
         args = (cfg.model_dump_json(), str(config_dir), pool.tokenizer, pool.actors, meta, failure_log)
         actor = cluster.start(

@@ -3,9 +3,9 @@
 naming it), roles placed on chosen nodes by ``cluster.*.resources``, and ``check-config`` asking the
 cluster, not this machine, whether a stage's actors fit.
 
-Collected through tests/launch/test_ray_runs.py, which imports these tests: one pytest worker then runs
-every test that starts Ray (``--dist loadfile``), so that the ``ray stop --force`` ending that module's
-cluster never stops this one while it runs in another worker.
+These clusters, and tests/launch/test_ray_runs.py's, may run at once in two pytest workers: each is stopped
+alone (``Cluster.shutdown`` here, SIGTERM to its ``ray start --block`` there), never by ``ray stop``, which
+stops every Ray cluster on the machine.
 """
 
 import contextlib
@@ -74,11 +74,15 @@ def cli(*args, timeout=900):
     )
 
 
-def write_config(e2e, folder, name, cluster, **stage_trainer):
+def write_config(e2e, folder, name, cluster, sft_steps=None, **stage_trainer):
+    """The e2e task's SFT then 12 GRPO steps on ``cluster``; ``sft_steps`` shortens the SFT stage where a test
+    asserts nothing of what it learned."""
     e2e.write(folder)
     cfg = e2e.config(folder, grpo_steps=12)
     cfg["name"] = name
     cfg["cluster"] = cluster
+    if sft_steps is not None:
+        cfg["stages"][0]["buffer"]["total_steps"] = sft_steps
     for stage in cfg["stages"]:
         stage["trainer"].update(stage_trainer)
     path = folder / f"{name}.yaml"
@@ -231,14 +235,16 @@ def test_a_lost_node_moves_its_engine_or_ends_the_run_resumable(e2e, tmp_path):
             for _ in "ab"
         ]
         cluster.wait_for_nodes()
+        # a restart that can happen is given a minute (a loaded machine), one that cannot is waited 15 s for
         placed = {
             "backend": "ray",
             "address": cluster.address,
-            "start_timeout_s": 15,
+            "start_timeout_s": 60,
             "engine": {"num_cpus": 0.5, "resources": {"engine_node": 1}},
             "trainer_rank": {"num_cpus": 0.5},
         }
-        path = write_config(e2e, tmp_path, "lost", placed, save_interval=2)
+        # the model need not learn here: a short SFT stage (it starts the engine the GRPO stage samples from)
+        path = write_config(e2e, tmp_path, "lost", placed, sft_steps=4, save_interval=2)
         run_dir = tmp_path / "runs" / "e2e" / "lost"
         log = tmp_path / "lost.log"
 
@@ -259,7 +265,8 @@ def test_a_lost_node_moves_its_engine_or_ends_the_run_resumable(e2e, tmp_path):
         assert _grpo_steps(run_dir) == list(range(1, 13))  # each step trained once
 
         # 2. the last engine node goes too: nowhere to restart the engine, the run stops and says why
-        path = write_config(e2e, tmp_path, "lost2", placed, save_interval=2)
+        placed["start_timeout_s"] = 15
+        path = write_config(e2e, tmp_path, "lost2", placed, sft_steps=4, save_interval=2)
         run_dir, log = tmp_path / "runs" / "e2e" / "lost2", tmp_path / "lost2.log"
         left = next(n for n in spare if n in cluster.worker_nodes)
         proc = _run_until(path, run_dir, 3, lambda: cluster.remove_node(left, allow_graceful=False), log)
