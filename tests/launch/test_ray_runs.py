@@ -107,7 +107,10 @@ def test_one_engine_and_one_rank_on_ray_equal_the_local_backend(e2e, tmp_path, r
     assert local.returncode == 0, local.stderr[-3000:]
     on_ray = run(config(e2e, tmp_path, "ray", ray_cluster_cfg()))
     assert on_ray.returncode == 0, on_ray.stderr[-3000:]
-    assert "Ray: joined the cluster" in on_ray.stderr and "Ray: placed grpo/rank-0 on node" in on_ray.stderr
+    assert "Ray: joined the cluster" in on_ray.stderr and "Ray: placed sft/rank-0 on node" in on_ray.stderr
+    # GRPO trains on the SFT stage's rank actor (its trainer rebuilt there: the records below equal local's)
+    assert "Ray: this stage trains on the 1 rank actor(s) of the stage before (sft/rank-0)" in on_ray.stderr
+    assert "rank-0" not in on_ray.stderr.replace("sft/rank-0", "")  # no rank actor started for GRPO
     assert "at niceness" not in on_ray.stderr  # the cluster was started with RAY_worker_niceness=0
     # Ray's error-level line about restartable actors' arguments is explained: the driver holds them (issue
     # 27 item 7; a restart finding them is shown by the killed-engine and killed-explorer tests)
@@ -364,3 +367,30 @@ def test_an_actor_at_a_lowered_cpu_priority_is_named_with_the_fix():
     said = priority_warning("grpo/rank-0", {"node": "10.0.0.2", "pid": 7, "niceness": 15})
     assert "grpo/rank-0 at niceness 15" in said and "node 10.0.0.2" in said
     assert "RAY_worker_niceness=0 ray start" in said and "docs/cluster.md" in said
+
+
+def test_rank_actors_are_kept_for_a_next_stage_only_when_it_trains_on_ranks_like_them(e2e, tmp_path):
+    """``ranks_spec``: the e2e run's SFT and GRPO stages train on the same rank actors (the test above shows
+    it); another world size, strategy, actor request, plugin list or collective timeout starts new ones."""
+    from trivium.launch.ray_trainer import ranks_spec
+    from trivium.validation.load import load_config
+
+    e2e.write(tmp_path)
+
+    def stages(**trainer):
+        path = config(e2e, tmp_path, "spec", ray_cluster_cfg(), **trainer)
+        return [s.config for s in load_config(path, check_files=False).stages]
+
+    sft, grpo = stages()
+    assert ranks_spec(sft) == ranks_spec(grpo)
+    ddp_sft, ddp_grpo = stages(strategy="ddp", world=2)
+    assert ranks_spec(ddp_sft) == ranks_spec(ddp_grpo) != ranks_spec(sft)
+    changed = {
+        "plugins": ["my_plugins"],
+        "synchronizer": grpo.synchronizer.model_copy(update={"wait_timeout_s": 7.0}),
+        "cluster": grpo.cluster.model_copy(
+            update={"trainer_rank": grpo.cluster.trainer_rank.model_copy(update={"num_cpus": 1.0})}
+        ),
+    }
+    for field, value in changed.items():
+        assert ranks_spec(grpo.model_copy(update={field: value})) != ranks_spec(grpo), field

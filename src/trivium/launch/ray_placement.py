@@ -59,8 +59,10 @@ class RayPlacement:
         try:
             trainer.routes(run_dir / "checkpoints" / stage.name, "first checkpoint")  # shared: seen by all?
             yield trainer
-        finally:
+        except BaseException:
             trainer.close()
+            raise
+        trainer.release()  # the ranks stay for a next stage like this one (end_stage)
         final = run_dir / "checkpoints" / stage.name / f"step_{total}" / "model"
         state.model, _ = build.load_policy(str(final), cfg)
 
@@ -68,11 +70,16 @@ class RayPlacement:
         return False  # the trainer ranks are actors: the driver holds no trained model
 
     def end_stage(self, cfg, following) -> None:
-        """A stage's explorer ends with it, and its rollout engines unless the next stage asks for the same."""
+        """A stage's explorer ends with it, and its rollout engines and trainer ranks unless the next stage
+        asks for the same."""
+        from trivium.launch.ray_trainer import kill_ranks, ranks_spec
+
         cluster = RayCluster.current()
         cluster.kill("explorer")
         if following is None or not _same_engines(cfg, following):
             cluster.kill("engine")
+        if following is None or not _trains(following) or ranks_spec(cfg) != ranks_spec(following):
+            kill_ranks(cluster)
 
     def close(self) -> None:
         with contextlib.suppress(RuntimeError):  # never connected: nothing to close
@@ -84,6 +91,11 @@ def _same_engines(cfg, following) -> bool:
     from trivium.launch.ray_engines import engines_spec
 
     return _has_rollout_model(following) and engines_spec(cfg) == engines_spec(following)
+
+
+def _trains(cfg) -> bool:
+    """Whether a stage starts trainer ranks."""
+    return cfg.mode in ("both", "train")
 
 
 def _has_rollout_model(cfg) -> bool:

@@ -11,12 +11,19 @@ each such rank the files it reads.
 
 A rank actor that dies ends the run with ``RankFailed`` naming it and its node; ``trivium run`` again
 resumes from the newest checkpoint.
+
+The rank actors outlive their stage when the next stage trains on ranks like them (``ranks_spec``: the same
+world size, strategy, actor resources, plugins and collective timeout), as the engine actors do: the stage's
+trainer is dropped in each actor, the process group stays, and the next stage's trainer is built there, so
+a stage change does not start processes (and, on GPUs, initialise CUDA and NCCL) again.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
+import json
 import logging
 import tempfile
 from pathlib import Path
@@ -32,7 +39,23 @@ from trivium.trainer.parallel import STRATEGIES, make_parallel
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RayTrainer", "TrainerRankActor"]
+__all__ = ["RayTrainer", "TrainerRankActor", "ranks_spec"]
+
+# the rank actors kept for the next stage: {"key": their ranks_spec, "actors": [...], "names": [...]}
+_LIVE: dict[str, Any] = {}
+
+
+def ranks_spec(cfg) -> str:
+    """What a stage's rank actors are, as a comparable string: two stages with the same spec train on the
+    same actors (``RayPlacement.end_stage`` keeps them between the two)."""
+    fields = {
+        "world_size": cfg.trainer.world_size,
+        "strategy": cfg.trainer.strategy,
+        "resources": cfg.cluster.trainer_rank.model_dump(),
+        "plugins": cfg.plugins,
+        "wait_timeout_s": cfg.synchronizer.wait_timeout_s,  # the process group's, set when it forms
+    }
+    return json.dumps(fields, sort_keys=True, default=str)
 
 
 class TrainerRankActor:
@@ -57,6 +80,20 @@ class TrainerRankActor:
 
     def ready(self) -> dict[str, Any]:
         return placement_info()
+
+    def configure(self, config_json: str) -> None:
+        """The next stage's config, on an actor kept from the stage before (same ``ranks_spec``)."""
+        from trivium.config.schema import TriviumConfig
+
+        self.cfg = TriviumConfig.model_validate_json(config_json)
+
+    def release(self) -> None:
+        """Drop this stage's trainer (model, optimizer state), keeping the process and its process group for
+        the next stage's."""
+        self.trainer = None
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def rendezvous(self) -> tuple[str, int]:
         """Rank 0: an address and a free port of its node for the process group."""
@@ -169,28 +206,41 @@ class RayTrainer(FanOutTrainer):
         from trivium.trainer.spec import AlgorithmSpec
 
         world, r = cfg.trainer.world_size, cfg.cluster.trainer_rank
-        cluster.check_fits([Request("cluster.trainer_rank", r, world)])
-        # the rank's whole request (memory, custom resources), or its actor would not fit its bundle
-        bundle = {"CPU": r.num_cpus, **Request("", r, 1).amounts()}
-        group = cluster.placement_group(
-            "trainer", f"{stage}/trainer", [bundle] * world, "cluster.trainer_rank"
-        )
         config_json = cfg.model_dump_json()
-        names = [f"{stage}/rank-{i}" for i in range(world)]
-        ranks = [
-            cluster.start(
-                "trainer",
-                TrainerRankActor,
-                names[i],
-                r,
-                (config_json, i, world, str(config_dir)),
-                group=group,
-                bundle=i,
+        key, live = ranks_spec(cfg), cluster.actors.get("trainer", [])
+        if live and _LIVE.get("key") == key and _LIVE.get("actors") == live:
+            ranks, names = list(live), list(_LIVE["names"])
+            log.info(
+                "Ray: this stage trains on the %d rank actor(s) of the stage before (%s)",
+                world,
+                ", ".join(names),
             )
-            for i in range(world)
-        ]
-        address, port = ray.get(ranks[0].rendezvous.remote())
-        ray.get([a.join.remote(address, port) for a in ranks])
+            ray.get([a.configure.remote(config_json) for a in ranks])
+        else:
+            cluster.kill("trainer")  # others kept for a stage like the one before: not like this one
+            _LIVE.clear()
+            cluster.check_fits([Request("cluster.trainer_rank", r, world)])
+            # the rank's whole request (memory, custom resources), or its actor would not fit its bundle
+            bundle = {"CPU": r.num_cpus, **Request("", r, 1).amounts()}
+            group = cluster.placement_group(
+                "trainer", f"{stage}/trainer", [bundle] * world, "cluster.trainer_rank"
+            )
+            names = [f"{stage}/rank-{i}" for i in range(world)]
+            ranks = [
+                cluster.start(
+                    "trainer",
+                    TrainerRankActor,
+                    names[i],
+                    r,
+                    (config_json, i, world, str(config_dir)),
+                    group=group,
+                    bundle=i,
+                )
+                for i in range(world)
+            ]
+            address, port = ray.get(ranks[0].rendezvous.remote())
+            ray.get([a.join.remote(address, port) for a in ranks])
+            _LIVE.update(key=key, actors=list(ranks), names=list(names))
         blueprint = {
             "config": lora.base_model(model).config,
             "lora": model.peft_config[lora.ADAPTER] if lora.is_peft(model) else None,
@@ -268,12 +318,19 @@ class RayTrainer(FanOutTrainer):
 
         return ray.get(self.ranks[0].call.remote("state_dict"))
 
+    def release(self) -> None:
+        """The stage ended well: each rank drops its trainer and stays, for a next stage like this one
+        (``RayPlacement.end_stage`` kills the ranks otherwise)."""
+        import ray
+
+        ray.get([a.release.remote() for a in self.ranks], timeout=60)
+
     def close(self) -> None:
         import ray
 
         with contextlib.suppress(ray.exceptions.RayError):  # a rank already gone has nothing to close
             ray.get([a.close.remote() for a in self.ranks], timeout=60)
-        self.cluster.kill("trainer")
+        kill_ranks(self.cluster)
 
     def _everywhere(self, command: str, *args: Any) -> Any:
         return self._gather([a.call.remote(command, *args) for a in self.ranks], command)[0]
@@ -297,6 +354,12 @@ class RayTrainer(FanOutTrainer):
                 f"{type(error).__name__}; the run stops. Run the same command again to resume from the newest "
                 "checkpoint"
             ) from error
+
+
+def kill_ranks(cluster: RayCluster) -> None:
+    """Kill the rank actors (and their placement group), kept or not."""
+    cluster.kill("trainer")
+    _LIVE.clear()
 
 
 RANK_SETTLE_S = 10.0  # how long a failed collective waits for the other ranks' calls to end, to name the dead
