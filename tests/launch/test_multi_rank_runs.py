@@ -1,5 +1,6 @@
-"""trivium run with trainer.strategy ddp / fsdp2: rank processes started and stopped per stage, sharded
-checkpoints, a killed rank ending the run with a message, and a rerun resuming it."""
+"""trivium run with trainer.strategy ddp / fsdp2: rank processes started for a stage and kept for the next one
+that trains on ranks like them (training it as new ones do), sharded checkpoints, a killed rank ending the
+run with a message, and a rerun resuming it."""
 
 import json
 
@@ -28,7 +29,8 @@ def test_fsdp2_run_shards_checkpoints_and_hands_plain_weights_to_the_next_stage(
     e2e.write(tmp_path)
     result = trivium_run(make_config(e2e, tmp_path, "fsdp2", "fsdp2", 2))
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stderr.count("strategy fsdp2 on 2 rank(s)") == 2  # ranks started for each stage
+    assert result.stderr.count("strategy fsdp2 on 2 rank(s)") == 1  # started once, for both stages:
+    assert "stage grpo trains on the rank process(es) of the stage before" in result.stderr
     run_dir = tmp_path / "runs" / "e2e" / "fsdp2"
     for stage, step in (("sft", 4), ("grpo", 2)):
         folder = run_dir / "checkpoints" / stage / f"step_{step}"
@@ -66,8 +68,13 @@ def test_fsdp2_run_shards_checkpoints_and_hands_plain_weights_to_the_next_stage(
 @pytest.mark.integration
 def test_a_killed_rank_stops_the_run_and_a_rerun_resumes_it_exactly(e2e, tmp_path):
     e2e.write(tmp_path)
-    reference = trivium_run(make_config(e2e, tmp_path, "reference", "ddp", 2, grpo_steps=1))
+    reference_path = make_config(e2e, tmp_path, "reference", "ddp", 2, grpo_steps=1)
+    cfg = yaml.safe_load(reference_path.read_text())
+    cfg["stages"][1]["synchronizer"] = {"wait_timeout_s": 61}  # unlike the SFT stage's ranks: new ones
+    reference_path.write_text(yaml.safe_dump(cfg))
+    reference = trivium_run(reference_path)
     assert reference.returncode == 0, reference.stderr[-3000:]
+    assert reference.stderr.count("strategy ddp on 2 rank(s)") == 2, reference.stderr[-3000:]
     path = make_config(e2e, tmp_path, "killed", "ddp", 2, grpo_steps=1)
     killed = trivium_run(path, "rank1:train:3")  # rank 1 dies before SFT step 3 (checkpoint at step 2)
     assert killed.returncode == 1, killed.stderr[-3000:]
@@ -76,9 +83,11 @@ def test_a_killed_rank_stops_the_run_and_a_rerun_resumes_it_exactly(e2e, tmp_pat
     resumed = trivium_run(path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from" in resumed.stderr and "step_2" in resumed.stderr
+    assert resumed.stderr.count("strategy ddp on 2 rank(s)") == 1  # GRPO on the SFT stage's ranks
+    assert "stage grpo trains on the rank process(es) of the stage before" in resumed.stderr
     got = read_metrics(tmp_path / "runs" / "e2e" / "killed")
     ref = read_metrics(tmp_path / "runs" / "e2e" / "reference")
-    assert_same_records(got, ref)
+    assert_same_records(got, ref)  # resumed exactly, and kept ranks train the GRPO stage as new ones do
 
 
 def lora_config(e2e, folder, name, strategy="single", world_size=1):

@@ -112,9 +112,10 @@ class LocalPlacement:
 
     @contextlib.contextmanager
     def trainer(self, stage, run_dir: Path, state, total: int) -> Iterator[Any]:
-        """On this process alone (``trainer.strategy: single``), or rank 0 of ``trainer.world_size`` ranks
-        that it starts (``ranks.py``) and stops when the stage ends. After a multi-rank stage, the next stage
-        starts from a plain (unsharded) model: its last checkpoint."""
+        """On this process alone (``trainer.strategy: single``), or rank 0 of ``trainer.world_size`` ranks: the
+        stage before's when they are like this stage's, else ranks it starts (``ranks.py``); a failed stage
+        stops them. After a multi-rank stage, the next stage starts from a plain (unsharded) model: its last
+        checkpoint."""
         cfg = stage.config
         pad = state.tokenizer.pad_token_id
         if not STRATEGIES.get(cfg.trainer.strategy).multi_rank:
@@ -122,12 +123,14 @@ class LocalPlacement:
             return
         from trivium.launch.ranks import LeaderTrainer, RankGroup
 
-        ranks = RankGroup.start(cfg, stage.name, run_dir, state.config_dir)
+        ranks = RankGroup.for_stage(cfg, stage.name, run_dir, state.config_dir)
         try:
             ranks.share_model(state.model, pad, total)
             yield LeaderTrainer(build.make_trainer(cfg, state.model, pad, total, ranks.parallel), ranks)
-        finally:
+        except BaseException:
             ranks.close()
+            raise
+        ranks.release()  # kept for a next stage that trains on ranks like them (end_stage)
         final = run_dir / "checkpoints" / stage.name / f"step_{total}" / "model"
         state.model, _ = build.load_policy(str(final), cfg)
 
@@ -135,7 +138,11 @@ class LocalPlacement:
         return not STRATEGIES.get(cfg.trainer.strategy).shards_parameters  # single, and ddp's rank 0
 
     def end_stage(self, cfg, following) -> None:
-        pass
+        from trivium.launch.ranks import keep_ranks_for
+
+        keep_ranks_for(following)
 
     def close(self) -> None:
-        pass
+        from trivium.launch.ranks import keep_ranks_for
+
+        keep_ranks_for(None)

@@ -2,7 +2,8 @@
 
 It joins the process group, receives the model rank 0 trains (architecture, LoRA adapters, weights),
 builds the same trainer on its part of the work, and makes every call rank 0 announces until told to
-stop. It exits when rank 0's process is gone.
+stop, or to release the stage's trainer: then it waits for the next stage's config and model, in the same
+process and process group. It exits when rank 0's process is gone.
 """
 
 from __future__ import annotations
@@ -72,18 +73,38 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serve(cfg, channel, device, rank: int, world_size: int) -> None:
-    """Build this rank's trainer from what rank 0 sends and make every call rank 0 announces."""
+    """Build this rank's trainer from what rank 0 sends and make every call rank 0 announces; after a stage
+    that releases the ranks, the next stage's config ("stage") and model ("build") again, until "stop"."""
+    import gc
+
+    import torch
+
+    from trivium.config.schema import TriviumConfig
     from trivium.launch import build
     from trivium.launch.ranks import follow
     from trivium.trainer.parallel import make_parallel
 
-    command, (blueprint,) = channel.receive()
-    if command != "build":
-        raise RuntimeError(f"rank 0 sent {command!r} before the model")
-    model = _build_model(blueprint, cfg, device)
-    parallel = make_parallel(cfg.trainer.strategy, device, rank, world_size)
-    trainer = build.make_trainer(cfg, model, blueprint["pad_token_id"], blueprint["total_steps"], parallel)
-    follow(trainer, channel, rank)
+    while True:
+        command, args = channel.receive()
+        if command == "stop":
+            return
+        if command == "stage":
+            cfg = TriviumConfig.model_validate_json(args[0])
+            continue
+        if command != "build":
+            raise RuntimeError(f"rank 0 sent {command!r} before the model")
+        (blueprint,) = args
+        model = _build_model(blueprint, cfg, device)
+        parallel = make_parallel(cfg.trainer.strategy, device, rank, world_size)
+        trainer = build.make_trainer(
+            cfg, model, blueprint["pad_token_id"], blueprint["total_steps"], parallel
+        )
+        if follow(trainer, channel, rank) == "stop":
+            return
+        trainer = model = parallel = None  # released: the next stage's trainer is built in their place
+        gc.collect()  # the trainer's objects sit in reference cycles (module hooks)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def _build_model(blueprint: dict, cfg, device):

@@ -4,8 +4,10 @@ processes it starts for ``trainer.strategy: ddp | fsdp2`` with ``trainer.world_s
 Rank 0 drives. Every collective call of the trainer (``train_step``, ``export_weights``, ``save_model``,
 ``load_state_dict``) is first announced to the other ranks on a command channel, then made on every rank;
 the other ranks only ever follow (``follow``). So the loops of ``launch/`` stay unaware of ranks: they talk
-to a ``LeaderTrainer`` as to any trainer. A stage that trains on N ranks starts its N - 1 processes, sends
-them the model (architecture, LoRA adapters, weights) and stops them at its end.
+to a ``LeaderTrainer`` as to any trainer. A stage that trains on N ranks starts its N - 1 processes and sends
+them the model (architecture, LoRA adapters, weights). At its end they drop its trainer and wait: a next stage
+that trains on ranks like them (``local_spec``) sends them its config and model and trains on them (no new
+process, CUDA or NCCL start); otherwise they are stopped (``keep_ranks_for``).
 
 Failures end the run with a message, never a hang: a rank that dies makes the collective in flight fail
 on rank 0 (gloo sees the closed connection), which raises ``RankFailed`` naming the rank and how it ended;
@@ -33,13 +35,16 @@ import torch
 import torch.distributed as dist
 
 from trivium.faults import maybe_die
-from trivium.launch.trainer_handle import COLLECTIVE, FanOutTrainer, rank_state
+from trivium.launch.trainer_handle import COLLECTIVE, FanOutTrainer, rank_state, ranks_spec, trains
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LeaderTrainer", "RankFailed", "RankGroup", "follow"]
+__all__ = ["LeaderTrainer", "RankFailed", "RankGroup", "follow", "keep_ranks_for", "local_spec"]
 
 COMMANDS = COLLECTIVE
+# what ends ``follow``: "stop" (the process exits) or "release" (the stage's trainer is dropped, the process
+# waits for the next stage's config, "stage", and model, "build")
+ENDS = ("stop", "release")
 CHANNEL_TIMEOUT = datetime.timedelta(days=30)  # followers wait on it while rank 0 explores
 
 
@@ -95,6 +100,22 @@ class RankGroup:
         self._watchdog.start()
 
     @classmethod
+    def for_stage(cls, cfg, stage_name: str, run_dir: Path, plugin_dir: Path) -> RankGroup:
+        """The stage's ranks: those the stage before left (``release``) when they are like this stage's
+        (``local_spec``), else new ones (``start``; the old ones stopped)."""
+        kept = _KEPT.pop("group", None)
+        if kept is not None and _KEPT.pop("spec") == local_spec(cfg):
+            try:
+                kept.next_stage(cfg, stage_name)
+            except BaseException:
+                kept.close()
+                raise
+            return kept
+        if kept is not None:
+            kept.close()
+        return cls.start(cfg, stage_name, run_dir, plugin_dir)
+
+    @classmethod
     def start(cls, cfg, stage_name: str, run_dir: Path, plugin_dir: Path) -> RankGroup:
         """Start ranks 1..N-1 (this process is rank 0) and form the process group with them."""
         from trivium.trainer.parallel import make_parallel
@@ -106,9 +127,8 @@ class RankGroup:
         spec.parent.mkdir(parents=True, exist_ok=True)
         spec.write_text(cfg.model_dump_json())
         # the run's threads are shared by its ranks, rank 0 (this process) included, while the stage lasts
-        threads = cfg.runtime.num_threads or os.cpu_count() or 1
-        env = {**os.environ, "OMP_NUM_THREADS": str(max(1, threads // world))}
-        torch.set_num_threads(max(1, threads // world))
+        env = {**os.environ, "OMP_NUM_THREADS": str(_rank_threads(cfg))}
+        torch.set_num_threads(_rank_threads(cfg))
         procs = []
         for rank in range(1, world):
             cmd = [sys.executable, "-m", "trivium.launch.rank", "--config", str(spec), "--rank", str(rank)]
@@ -129,6 +149,30 @@ class RankGroup:
         others = f"; ranks 1..{world - 1} are pids {', '.join(str(p.pid) for p in procs)}" if procs else ""
         log.info("trainer: strategy %s on %d rank(s) (%s%s)", cfg.trainer.strategy, world, device, others)
         return cls(cfg, procs, channel, make_parallel(cfg.trainer.strategy, device, 0, world))
+
+    def next_stage(self, cfg, stage_name: str) -> None:
+        """Train the next stage on these ranks (kept by ``release``): they take its config, then ``share_model``
+        sends them its model."""
+        self.raise_if_dead(f"the start of stage {stage_name}")
+        self.cfg = cfg
+        self.call("stage", cfg.model_dump_json())
+        torch.set_num_threads(_rank_threads(cfg))
+        pids = ", ".join(str(p.pid) for p in self.procs)
+        log.info(
+            "trainer: stage %s trains on the rank process(es) of the stage before (pids %s)", stage_name, pids
+        )
+
+    def release(self) -> None:
+        """After a stage that ended well: the other ranks drop its trainer (model, optimizer state) and wait,
+        kept for a next stage that trains on ranks like them (``for_stage``; ``keep_ranks_for`` stops them
+        when none does). This process takes back the threads it lent them."""
+        try:
+            self.call("release")
+        except BaseException:
+            self.close()
+            raise
+        torch.set_num_threads(self.cfg.runtime.num_threads or os.cpu_count() or 1)
+        _KEPT.update(group=self, spec=local_spec(self.cfg))
 
     def share_model(self, model: torch.nn.Module, pad_token_id: int, total_steps: int) -> None:
         """Send the other ranks what they need to build the same trainer: the model's architecture (and
@@ -201,6 +245,33 @@ class RankGroup:
                 except RankFailed as failed:
                     log.error("%s", failed)
                 os._exit(1)
+
+
+# the rank processes kept for the next stage (``RankGroup.release``): {"group": RankGroup, "spec": local_spec}
+_KEPT: dict[str, Any] = {}
+
+
+def local_spec(cfg) -> str:
+    """What a stage's rank processes are (``trainer_handle.ranks_spec``, and the threads and device they
+    started with)."""
+    return ranks_spec(cfg, threads=_rank_threads(cfg), device=cfg.model.device)
+
+
+def keep_ranks_for(following) -> None:
+    """After a stage: stop the ranks it left unless ``following`` (the next stage's config; None: the run
+    ends) trains on ranks like them."""
+    group = _KEPT.get("group")
+    if group is None:
+        return
+    if following is None or not trains(following) or _KEPT["spec"] != local_spec(following):
+        _KEPT.clear()
+        group.close()
+
+
+def _rank_threads(cfg) -> int:
+    """Each rank's share of the run's threads while a stage trains on ranks (rank 0's too)."""
+    threads = cfg.runtime.num_threads or os.cpu_count() or 1
+    return max(1, threads // cfg.trainer.world_size)
 
 
 def leave_process_group() -> None:
@@ -284,12 +355,12 @@ class LeaderTrainer(FanOutTrainer):
             raise
 
 
-def follow(trainer, channel: CommandChannel, rank: int) -> None:
-    """A rank > 0: make every call rank 0 announces, until it says stop."""
+def follow(trainer, channel: CommandChannel, rank: int) -> str:
+    """A rank > 0: make every call rank 0 announces, until it says stop or release (returned)."""
     while True:
         command, args = channel.receive()
-        if command == "stop":
-            return
+        if command in ENDS:
+            return command
         if command not in COMMANDS:
             raise RankFailed(f"rank 0 sent an unknown command {command!r}")
         if command == "train_step":

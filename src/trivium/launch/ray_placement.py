@@ -12,6 +12,7 @@ from typing import Any
 from trivium.launch import build
 from trivium.launch.placement import PLACEMENTS
 from trivium.launch.ray_cluster import RayCluster, stage_requests
+from trivium.launch.trainer_handle import trains
 
 __all__ = ["RayPlacement"]
 
@@ -78,7 +79,7 @@ class RayPlacement:
         cluster.kill("explorer")
         if following is None or not _same_engines(cfg, following):
             cluster.kill("engine")
-        if following is None or not _trains(following) or ranks_spec(cfg) != ranks_spec(following):
+        if following is None or not trains(following) or ranks_spec(cfg) != ranks_spec(following):
             kill_ranks(cluster)
 
     def close(self) -> None:
@@ -91,11 +92,6 @@ def _same_engines(cfg, following) -> bool:
     from trivium.launch.ray_engines import engines_spec
 
     return _has_rollout_model(following) and engines_spec(cfg) == engines_spec(following)
-
-
-def _trains(cfg) -> bool:
-    """Whether a stage starts trainer ranks."""
-    return cfg.mode in ("both", "train")
 
 
 def _has_rollout_model(cfg) -> bool:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import gc
-import json
 import logging
 import tempfile
 from pathlib import Path
@@ -34,6 +33,7 @@ import torch
 from trivium.launch.ranks import RankFailed
 from trivium.launch.ray_cluster import RayCluster, Request, placement_info
 from trivium.launch.trainer_handle import COLLECTIVE, FanOutTrainer, rank_state
+from trivium.launch.trainer_handle import ranks_spec as shared_ranks_spec
 from trivium.trainer.model_io import SHARDS_DIR
 from trivium.trainer.parallel import STRATEGIES, make_parallel
 
@@ -46,16 +46,9 @@ _LIVE: dict[str, Any] = {}
 
 
 def ranks_spec(cfg) -> str:
-    """What a stage's rank actors are, as a comparable string: two stages with the same spec train on the
-    same actors (``RayPlacement.end_stage`` keeps them between the two)."""
-    fields = {
-        "world_size": cfg.trainer.world_size,
-        "strategy": cfg.trainer.strategy,
-        "resources": cfg.cluster.trainer_rank.model_dump(),
-        "plugins": cfg.plugins,
-        "wait_timeout_s": cfg.synchronizer.wait_timeout_s,  # the process group's, set when it forms
-    }
-    return json.dumps(fields, sort_keys=True, default=str)
+    """What a stage's rank actors are (``trainer_handle.ranks_spec`` and the actors' Ray resources): two stages
+    with the same spec train on the same actors (``RayPlacement.end_stage`` keeps them between the two)."""
+    return shared_ranks_spec(cfg, resources=cfg.cluster.trainer_rank.model_dump())
 
 
 class TrainerRankActor:
