@@ -1,7 +1,7 @@
 """Cost at real shapes: Trivium and TRL's GRPOTrainer side by side over a ladder of model sizes and lengths.
 
     pip install -e '.[bench]'                        # TRL
-    python benchmarks/ladder.py --quick              # CI's slow test: 2 small rungs, ~2 min
+    python benchmarks/ladder.py --quick              # CI's slow test: 2 small rungs, 2 steps each, ~2 min
     python benchmarks/ladder.py                      # every rung (~1 h on 2 CPU cores)
     python benchmarks/ladder.py --rungs 25M@128 25M@1k --steps 3
     python benchmarks/ladder.py --plot-only          # redraw ladder.png from ladder.json
@@ -390,7 +390,7 @@ def plot(results: list[dict], path: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rungs", nargs="*", choices=list(RUNGS), help="default: every rung but the CI one")
-    ap.add_argument("--quick", action="store_true", help=f"rungs {QUICK}, 3 steps")
+    ap.add_argument("--quick", action="store_true", help=f"rungs {QUICK}, 2 steps (one timed)")
     ap.add_argument(
         "--steps", type=int, help="steps per run, the first dropped (default: 3, and 2 at the 0.5B rungs)"
     )
@@ -441,7 +441,7 @@ def main() -> int:
         return memory_only(args, rungs, runs, Path(args.out))
     rate = matmul_rate()
     results = []
-    given = args.steps
+    given = args.steps or (2 if args.quick else None)  # --quick: a smoke test of every part, one timed step
     when = datetime.date.today().isoformat()
     for rung in rungs:
         args.steps = given or (2 if RUNGS[rung][0] == "0.5B" else 3)
@@ -477,6 +477,7 @@ def main() -> int:
 def write(out: Path, head: list[str], results: list[dict], rate: dict, when: str) -> None:
     text = "\n".join(head + table(results, when)) + "\n"
     print(text)
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".md").write_text(text)
     out.with_suffix(".json").write_text(
         json.dumps({"rate": rate, "results": results, "head": head}, indent=1)
