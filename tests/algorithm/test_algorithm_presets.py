@@ -43,7 +43,7 @@ def test_preset_args_are_read_only():
 
 
 def test_unknown_preset_lists_names():
-    with pytest.raises(UnknownPartError, match=r"unknown algorithm 'gpro'\..*valid: .*grpo, gspo"):
+    with pytest.raises(UnknownPartError, match=r"unknown algorithm 'gpro'\..*valid: .*grpo, .*gspo"):
         get_preset("gpro")
 
 

@@ -74,21 +74,33 @@ def records_in(path: Path) -> int:
 def kill_at_random_moment(
     proc: subprocess.Popen, progress: Path, rng: random.Random, records: tuple[int, int], timeout: float = 300
 ) -> str:
-    """SIGKILL ``proc`` once ``progress`` (a metrics file) holds k records, k drawn from ``records``
-    (inclusive), plus a random 0-0.6 s: any point of a step (sampling, training, writing the checkpoint or
-    the record). Returns where it was killed, for the failure message."""
+    """SIGKILL ``proc`` at a random point of the step after record k of ``progress`` (a metrics file), k drawn
+    from ``records`` (inclusive; at most the run's steps - 2, so that a step is left after the next record):
+    once k records are there, after a random fraction of the time a step took before it, and at the latest
+    when record k + 1 appears. Any point of a step (sampling, training, writing the checkpoint or the
+    record). A delay in seconds fixed in advance can outlast the whole run: a tiny model's 8 steps have
+    taken 0.6 s. Returns where it was killed, for the failure message."""
     k = rng.randint(*records)
-    delay = rng.uniform(0.0, 0.6)
+    fraction = rng.random()
     deadline = time.monotonic() + timeout
-    while records_in(progress) < k:
+    seen, seen_at, step_s = 0, time.monotonic(), 0.2  # 0.2 s: the first record's step (it holds the start)
+    while seen < k:
         assert proc.poll() is None, f"the run ended before record {k}: {proc.stderr.read()[-3000:]}"
         assert time.monotonic() < deadline, f"no record {k} in {progress} after {timeout} s"
-        time.sleep(0.02)
-    time.sleep(delay)
+        time.sleep(0.01)
+        now = records_in(progress)
+        if now > seen:
+            if seen:
+                step_s = (time.monotonic() - seen_at) / (now - seen)
+            seen, seen_at = now, time.monotonic()
+    kill_at = seen_at + fraction * step_s
+    while time.monotonic() < kill_at and records_in(progress) == seen:
+        time.sleep(0.01)
+    where = f"killed {time.monotonic() - seen_at:.2f} s after record {seen} of {progress.name} (steps of {step_s:.2f} s)"
     proc.send_signal(signal.SIGKILL)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGKILL, err[-3000:]
-    return f"killed {delay:.2f} s after record {k} of {progress.name}"
+    assert proc.returncode == -signal.SIGKILL, f"{where}, but the run had ended: {err[-3000:]}"
+    return where
 
 
 def final_explorer_state(run: Path, stage: str, step: int) -> dict:

@@ -98,7 +98,7 @@ def test_sql_buffer_killed_twice_at_random_moments_consumes_every_experience_onc
     reference = start(ref)
     progress = run_dir(tmp_path, "sql") / "metrics.jsonl"
     where = [kill_at_random_moment(start(path), progress, rng, (1, 3))]
-    where.append(kill_at_random_moment(start(path), progress, rng, (4, STEPS - 1)))
+    where.append(kill_at_random_moment(start(path), progress, rng, (4, STEPS - 2)))
     finish(reference)
     finish(start(path))
     assert_same_records(read_metrics(run_dir(tmp_path, "sql")), read_metrics(run_dir(tmp_path, "sql-ref")))
@@ -129,7 +129,7 @@ def test_decoupled_pair_killed_at_random_moments_consumes_every_experience_once(
     explore, train = start(path, "--set", "mode=explore"), start(path, "--set", "mode=train")
     where = [kill_at_random_moment(train, folder / "metrics.train.jsonl", rng, (1, 4))]
     train = start(path, "--set", "mode=train")
-    where.append(kill_at_random_moment(explore, folder / "metrics.explore.jsonl", rng, (3, STEPS - 1)))
+    where.append(kill_at_random_moment(explore, folder / "metrics.explore.jsonl", rng, (3, STEPS - 2)))
     explore = start(path, "--set", "mode=explore")
     finish(train)
     finish(explore)
