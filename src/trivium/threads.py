@@ -1,18 +1,33 @@
-"""Stopping a Python thread from outside: how the run ends a call it stopped waiting for (an environment
-step that overran its limit, ``envs/calls.py``; a reward that overran its own, ``rewards/guard.py``).
+"""Calls in helper threads that the caller may stop waiting for, and stopping a Python thread from outside:
+how the run bounds an environment step (``envs/calls.py``) and a reward (``rewards/guard.py``) in time.
 
-``stop_thread`` raises ``EnvStopped`` in the thread (``PyThreadState_SetAsyncExc``); Python delivers it at
-the thread's next bytecode, so a loop in Python code stops, and a thread blocked in one C call stops when
-that call returns. ``EnvStopped`` is a ``BaseException``: ``except Exception`` in the stopped code does not
-swallow it.
+``call_in_helper(fn, ...)`` runs ``fn`` in a helper thread and returns a ``HelperCall`` to wait on. Helper
+threads are kept and reused: a GRPO step of 32 tasks x 8 samples makes 256 reward calls, and starting a
+thread for each (``Thread.start`` waits until the new thread runs, which under the GIL and 32 busy workflow
+threads took ~0.3 ms a call) cost about as much as the rewards themselves (``benchmarks/helper_calls.py``).
+
+``HelperCall.stop()`` ends a call that overran: ``stop_thread`` raises ``EnvStopped`` in its thread
+(``PyThreadState_SetAsyncExc``); Python delivers it at the thread's next bytecode, so a loop in Python code
+stops, and a thread blocked in one C call stops when that call returns. ``EnvStopped`` is a
+``BaseException``: ``except Exception`` in the stopped code does not swallow it. A stopped call's thread is
+never given another call (the exception may still be on its way to it): it ends when the call does, so a
+thread that is alive is a call still running (``envs/calls.hung_calls``).
 """
 
 from __future__ import annotations
 
+import contextvars
 import ctypes
+import os
+import queue
 import threading
+from collections.abc import Callable
+from typing import Any
 
-__all__ = ["EnvStopped", "stop_thread"]
+__all__ = ["EnvStopped", "HelperCall", "call_in_helper", "stop_thread"]
+
+IDLE_HELPERS_MAX = 64  # helper threads kept waiting for calls; one finishing a call beyond this many ends
+_IDLE_NAME = "helper-idle"
 
 
 class EnvStopped(BaseException):
@@ -27,3 +42,118 @@ def stop_thread(thread: threading.Thread) -> bool:
         ctypes.c_ulong(thread.ident), ctypes.py_object(EnvStopped)
     )
     return done == 1
+
+
+class HelperCall:
+    """One call running in a helper thread: ``wait`` for it, then ``result()``; ``stop()`` it if it overran."""
+
+    def __init__(self, fn: Callable[..., Any], args: tuple, name: str):
+        self._fn, self._args, self.name = fn, args, name
+        self._context = contextvars.copy_context()  # the caller's fault scope reaches the call
+        self._done = threading.Lock()
+        self._done.acquire()  # released when the call has finished
+        self._finished = False  # set under _LOCK, with the helper's choice to take more calls
+        self._stopped = False
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self.thread: threading.Thread | None = None  # the helper running it
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Whether the call has finished, waiting up to ``timeout_s`` seconds for it (None: until it has)."""
+        if self._done.acquire(timeout=-1 if timeout_s is None else max(0.0, timeout_s)):
+            self._done.release()
+            return True
+        return False
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    def result(self) -> Any:
+        """The call's return value, or its exception raised here; the call must have finished."""
+        if not self._finished:
+            raise RuntimeError(f"{self.name}: result() before the call finished (wait() for it first)")
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def stop(self) -> bool:
+        """Stop the call if it is still running (``EnvStopped`` raised in its thread, which then takes no
+        other call); False when it had finished, so its result stands."""
+        with _LOCK:
+            if self._finished:
+                return False
+            self._stopped = True
+            thread = self.thread
+        if thread is not None:
+            stop_thread(thread)
+        return True
+
+    def _run(self) -> None:
+        try:
+            self._value = self._context.run(self._fn, *self._args)
+        except BaseException as exc:  # raised in the caller by result() (EnvStopped: the caller has left)
+            self._error = exc
+
+
+class _Helper(threading.Thread):
+    """A daemon thread that runs calls handed to it one at a time and waits for the next when idle."""
+
+    def __init__(self) -> None:
+        super().__init__(name=_IDLE_NAME, daemon=True)
+        self.calls: queue.SimpleQueue[HelperCall] = queue.SimpleQueue()
+
+    def run(self) -> None:
+        try:
+            while self._serve(self.calls.get()):
+                pass
+        except EnvStopped:  # a stop that arrived after its call had returned: this thread ends anyway
+            pass
+
+    def _serve(self, call: HelperCall) -> bool:
+        """Run ``call``; whether this thread takes another one."""
+        self.name = call.name
+        try:
+            call._run()
+        finally:
+            with _LOCK:
+                call._finished = True
+                keep = not call._stopped and len(_IDLE) < IDLE_HELPERS_MAX
+                if keep:
+                    self.name = _IDLE_NAME
+                    _IDLE.append(self)
+            call._done.release()
+        return keep
+
+
+_LOCK = threading.Lock()
+_IDLE: list[_Helper] = []
+
+
+def call_in_helper(fn: Callable[..., Any], *args: Any, name: str) -> HelperCall:
+    """Start ``fn(*args)`` in an idle helper thread (a new one when none is idle), in a copy of the caller's
+    context; ``name`` names the thread while the call runs (``env-...``, ``reward-...``: the stall doctor
+    reads it)."""
+    call = HelperCall(fn, args, name)
+    with _LOCK:
+        helper = _IDLE.pop() if _IDLE else None
+        if helper is not None:
+            call.thread = helper
+    if helper is None:
+        helper = _Helper()
+        call.thread = helper
+        helper.calls.put(call)
+        helper.start()
+    else:
+        helper.calls.put(call)
+    return call
+
+
+def _forget_helpers() -> None:
+    """In a forked child: the parent's helper threads do not exist there."""
+    global _LOCK
+    _LOCK = threading.Lock()
+    _IDLE.clear()
+
+
+os.register_at_fork(after_in_child=_forget_helpers)

@@ -1,7 +1,8 @@
 """Environment calls with a time limit, and what happens to a call that overruns it.
 
 A multi-turn workflow calls ``reset`` and ``step`` through ``call_with_timeout``: the call runs in a helper
-thread that the workflow waits for up to ``env_timeout_s``. When it overruns, the episode fails at once
+thread (``threads.call_in_helper``: kept and reused between calls) that the workflow waits for up to
+``env_timeout_s``. When it overruns, the episode fails at once
 (``EnvTimeoutError``) and the helper thread is told to stop:
 
 - ``EnvStopped`` (a ``BaseException``, so ``except Exception`` in environment code does not swallow it) is
@@ -34,7 +35,7 @@ from typing import Any
 
 from trivium import faults
 from trivium.models.protocol import TaskCancelled
-from trivium.threads import EnvStopped, stop_thread
+from trivium.threads import EnvStopped, call_in_helper
 
 __all__ = ["EnvStopped", "EnvTimeoutError", "call_with_timeout", "hung_calls", "task_deadline"]
 
@@ -109,38 +110,27 @@ def call_with_timeout(
         return fn(*args)
     if timeout_s is not None and timeout_s <= 0:
         raise EnvTimeoutError(f"{what} was not started: the task is past {why}")
-    box: dict[str, Any] = {}
-    context = contextvars.copy_context()  # the caller's fault scope reaches rewards computed in the call
-
-    def target() -> None:
-        try:
-            box["value"] = context.run(fn, *args)
-        except BaseException as exc:  # re-raised in the caller (EnvStopped: the caller has left)
-            box["error"] = exc
-
     start = time.monotonic()
-    thread = threading.Thread(target=target, name=f"env-{what}", daemon=True)
-    thread.start()
+    call = call_in_helper(fn, *args, name=f"env-{what}")
     end = None if timeout_s is None else start + timeout_s
     with contextlib.nullcontext() if task is None or task.away is None else task.away():
-        while thread.is_alive():
+        while True:
             left = None if end is None else end - time.monotonic()
             if left is not None and left <= 0:
                 break
-            thread.join(left if cancelled is None else min(_CANCEL_POLL_S, left or _CANCEL_POLL_S))
+            if call.wait(left if cancelled is None else min(_CANCEL_POLL_S, left or _CANCEL_POLL_S)):
+                break
             if cancelled is not None and cancelled.is_set():
                 break
-    if thread.is_alive():
+    if not call.finished and call.stop():
         with _HUNG_LOCK:
-            _HUNG[thread] = (what, start)
-        stop_thread(thread)
+            _HUNG[call.thread] = (what, start)
         if cancelled is not None and cancelled.is_set():
             raise TaskCancelled(f"{what} was stopped: the explorer went ahead without this task")
         injected = " (an injected hang, faults.env_hang)" if getattr(fn, "injected", "") == "env_hang" else ""
         raise EnvTimeoutError(f"{what} did not return within {why}{injected}")
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
+    call.wait()  # it finished as the time ran out: its result stands
+    return call.result()
 
 
 def hung_calls() -> list[tuple[str, float]]:

@@ -1,8 +1,8 @@
 """Rewards that never fail a step: a time limit, and a failure scored 0 with its reason counted.
 
 ``reward_for(task)`` is how workflows and environments call a task's reward. The call runs in a helper
-thread that the caller waits for up to ``reward_timeout_s`` (0: no limit, the call runs in the caller's
-thread). Then:
+thread (``threads.call_in_helper``: kept and reused between calls) that the caller waits for up to
+``reward_timeout_s`` (0: no limit, the call runs in the caller's thread). Then:
 
 - it returned: its ``RewardResult``, with ``count/reward_timeout = 0`` and ``count/reward_error = 0`` added;
 - it raised (any ``Exception``, an injected ``reward_raise`` fault included): reward 0, ``count/reward_error
@@ -23,14 +23,13 @@ experience filter can drop them. Configuration mistakes are caught before the ru
 
 from __future__ import annotations
 
-import contextvars
 import logging
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from trivium.rewards.registry import RewardResult, get_reward_fn
-from trivium.threads import stop_thread
+from trivium.threads import call_in_helper
 from trivium.types import Task
 
 __all__ = ["FAILURE_COUNTS", "guarded_reward", "reward_for"]
@@ -75,25 +74,12 @@ class _Overran(Exception):
 def _call(fn: Callable[..., RewardResult], response: str, data: Any, timeout_s: float, name: str):
     if not timeout_s:
         return fn(response, data)
-    box: dict[str, Any] = {}
-    context = contextvars.copy_context()  # the caller's fault scope reaches the reward
-
-    def target() -> None:
-        try:
-            box["value"] = context.run(fn, response, data)
-        except BaseException as exc:  # re-raised in the caller
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, name=f"reward-{name}", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
-        stop_thread(thread)
+    call = call_in_helper(fn, response, data, name=f"reward-{name}")
+    if not call.wait(timeout_s) and call.stop():
         log.warning("reward %r did not return within reward_timeout_s=%s s: scored 0", name, timeout_s)
         raise _Overran
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    call.wait()  # it finished as the time ran out: its result stands
+    return call.result()
 
 
 def _failed(reason: str) -> RewardResult:
