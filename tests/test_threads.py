@@ -9,7 +9,7 @@ import time
 import pytest
 
 from trivium import threads
-from trivium.threads import EnvStopped, call_in_helper
+from trivium.threads import EnvStopped, call_in_helper, map_in_helpers
 
 WHO = contextvars.ContextVar("who", default="nobody")
 
@@ -75,12 +75,13 @@ def test_stopping_a_call_that_finished_keeps_its_result():
 
 def test_calls_at_once_run_at_once_and_idle_helpers_are_capped(monkeypatch):
     monkeypatch.setattr(threads, "IDLE_HELPERS_MAX", 2)
+    monkeypatch.setattr(threads, "_IDLE", [])  # none kept from earlier tests: five new threads
     together = threading.Barrier(6)  # five calls and this thread: each call must have a thread of its own
     calls = [call_in_helper(together.wait, 5, name=f"t{i}") for i in range(5)]
     together.wait(5)
     assert all(c.wait(5) for c in calls)
     assert len({c.thread for c in calls}) == 5
-    assert len(_idle()) <= 2
+    assert len(_idle()) == 2 and set(_idle()) <= {c.thread for c in calls}
 
 
 def _in_child(out):
@@ -99,3 +100,33 @@ def test_a_forked_child_starts_its_own_helpers():
         assert out.get(timeout=30) == "child"
     finally:
         child.join(10)
+
+
+def test_map_in_helpers_runs_at_most_workers_at_once_taking_items_in_order():
+    running, most, started = 0, 0, []
+    lock = threading.Lock()
+
+    def work(item):
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+            started.append(item)
+        time.sleep(0.02)
+        with lock:
+            running -= 1
+        if item == 5:
+            raise ValueError("item 5")
+        return item * 10
+
+    futures, join = map_in_helpers(work, list(range(12)), workers=3, name="workflow")
+    join()
+    assert all(f.done() for f in futures) and most == 3
+    assert started[:3] == [0, 1, 2] and sorted(started) == list(range(12))
+    assert [f.result() for i, f in enumerate(futures) if i != 5] == [i * 10 for i in range(12) if i != 5]
+    with pytest.raises(ValueError, match="item 5"):
+        futures[5].result()
+    _, join = map_in_helpers(lambda i: started.append(("seq", i)), list(range(4)), workers=1, name="w")
+    join()
+    assert [x for x in started if isinstance(x, tuple)] == [("seq", i) for i in range(4)]
+    assert map_in_helpers(work, [], workers=4, name="w")[0] == []

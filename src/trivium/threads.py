@@ -5,6 +5,7 @@ how the run bounds an environment step (``envs/calls.py``) and a reward (``rewar
 threads are kept and reused: a GRPO step of 32 tasks x 8 samples makes 256 reward calls, and starting a
 thread for each (``Thread.start`` waits until the new thread runs, which under the GIL and 32 busy workflow
 threads took ~0.3 ms a call) cost about as much as the rewards themselves (``benchmarks/helper_calls.py``).
+The explorer runs its workflows in them too (``map_in_helpers``), a task a helper at a time.
 
 ``HelperCall.stop()`` ends a call that overran: ``stop_thread`` raises ``EnvStopped`` in its thread
 (``PyThreadState_SetAsyncExc``); Python delivers it at the thread's next bytecode, so a loop in Python code
@@ -21,12 +22,15 @@ import ctypes
 import os
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
-__all__ = ["EnvStopped", "HelperCall", "call_in_helper", "stop_thread"]
+__all__ = ["EnvStopped", "HelperCall", "call_in_helper", "map_in_helpers", "stop_thread"]
 
-IDLE_HELPERS_MAX = 64  # helper threads kept waiting for calls; one finishing a call beyond this many ends
+# helper threads kept waiting for calls (an eval of 256 tasks runs 256 workflows at once, each scoring its
+# sample in a helper of its own); one finishing a call beyond this many ends
+IDLE_HELPERS_MAX = 512
 _IDLE_NAME = "helper-idle"
 
 
@@ -147,6 +151,42 @@ def call_in_helper(fn: Callable[..., Any], *args: Any, name: str) -> HelperCall:
     else:
         helper.calls.put(call)
     return call
+
+
+def map_in_helpers(
+    fn: Callable[[Any], Any], items: Sequence[Any], *, workers: int, name: str
+) -> tuple[list[Future], Callable[[], None]]:
+    """``fn(item)`` for every item, at most ``workers`` at once, in helper threads named ``{name}_{i}``,
+    each taking the next item in order when it is free (as a ``ThreadPoolExecutor`` of ``workers`` threads
+    would, without starting them: a thread start waits until the new thread runs, which took up to a GIL
+    switch interval each while the started ones were busy: ~1 s for an eval of 256 tasks here). Returns a
+    future per item, in order, and ``join()``, which waits until the helpers are done."""
+    futures: list[Future] = [Future() for _ in items]
+    queue_ = iter(list(enumerate(items)))
+    take = threading.Lock()
+
+    def runner() -> None:
+        while True:
+            with take:
+                nxt = next(queue_, None)
+            if nxt is None:
+                return
+            index, item = nxt
+            future = futures[index]
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(item))
+            except BaseException as exc:  # the caller's result() raises it, as from an executor's future
+                future.set_exception(exc)
+
+    runners = [call_in_helper(runner, name=f"{name}_{i}") for i in range(min(workers, len(futures)))]
+
+    def join() -> None:
+        for r in runners:
+            r.wait()
+
+    return futures, join
 
 
 def _forget_helpers() -> None:

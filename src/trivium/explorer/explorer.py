@@ -30,7 +30,6 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 from trivium import faults as fault_sites
 from trivium.buffer.task_files import TaskDataError
@@ -41,6 +40,7 @@ from trivium.faults import FaultInjector
 from trivium.models.handle import ModelHandle, PromptTooLong, WorkflowTimeoutError
 from trivium.models.protocol import SamplingParams, TaskCancelled
 from trivium.monitor.phases import PEAK_RSS
+from trivium.threads import map_in_helpers
 from trivium.types import Experience, Task
 from trivium.workflows.registry import get_workflow
 
@@ -369,15 +369,15 @@ class Explorer:
         # Announcing the workers up front makes each engine batch hold the same requests whatever the
         # thread timing, so a seeded run samples the same tokens every time. This thread drives the engine
         # meanwhile: torch runs fastest on the thread that also trains (see BatchingRolloutModel.drive).
-        with (
-            self.model.expect_workers(len(tasks), concurrency=workers),
-            ThreadPoolExecutor(max_workers=workers, thread_name_prefix="workflow") as pool,
-            self.model.driving(),
-        ):
-            futures = [pool.submit(one, item) for item in enumerate(tasks)]
-            if cancels is not None:
-                self._go_ahead_at(enough, futures, cancels)
-            self.model.drive(lambda: all(f.done() for f in futures))
+        # The workflows run in kept helper threads (threads.map_in_helpers: no thread start a task).
+        with self.model.expect_workers(len(tasks), concurrency=workers), self.model.driving():
+            futures, join = map_in_helpers(one, list(enumerate(tasks)), workers=workers, name="workflow")
+            try:
+                if cancels is not None:
+                    self._go_ahead_at(enough, futures, cancels)
+                self.model.drive(lambda: all(f.done() for f in futures))
+            finally:
+                join()
             results = [f.result() for f in futures]
         failures = [r for r in results if r.error is not None]
         self.failed_tasks += len(failures)
