@@ -74,11 +74,11 @@ def cli(*args, timeout=900):
     )
 
 
-def write_config(e2e, folder, name, cluster, sft_steps=None, **stage_trainer):
-    """The e2e task's SFT then 12 GRPO steps on ``cluster``; ``sft_steps`` shortens the SFT stage where a test
-    asserts nothing of what it learned."""
+def write_config(e2e, folder, name, cluster, sft_steps=None, grpo_steps=12, **stage_trainer):
+    """The e2e task's SFT then ``grpo_steps`` GRPO steps on ``cluster``; ``sft_steps`` shortens the SFT stage
+    where a test asserts nothing of what it learned."""
     e2e.write(folder)
-    cfg = e2e.config(folder, grpo_steps=12)
+    cfg = e2e.config(folder, grpo_steps=grpo_steps)
     cfg["name"] = name
     cfg["cluster"] = cluster
     if sft_steps is not None:
@@ -244,7 +244,7 @@ def test_a_lost_node_moves_its_engine_or_ends_the_run_resumable(e2e, tmp_path):
             "trainer_rank": {"num_cpus": 0.5},
         }
         # the model need not learn here: a short SFT stage (it starts the engine the GRPO stage samples from)
-        path = write_config(e2e, tmp_path, "lost", placed, sft_steps=4, save_interval=2)
+        path = write_config(e2e, tmp_path, "lost", placed, sft_steps=4, grpo_steps=8, save_interval=2)
         run_dir = tmp_path / "runs" / "e2e" / "lost"
         log = tmp_path / "lost.log"
 
@@ -262,11 +262,11 @@ def test_a_lost_node_moves_its_engine_or_ends_the_run_resumable(e2e, tmp_path):
         assert "which has left the cluster" in text and "rollout engine 0 restarted on node" in text, text[
             -4000:
         ]
-        assert _grpo_steps(run_dir) == list(range(1, 13))  # each step trained once
+        assert _grpo_steps(run_dir) == list(range(1, 9))  # each step trained once
 
         # 2. the last engine node goes too: nowhere to restart the engine, the run stops and says why
         placed["start_timeout_s"] = 15
-        path = write_config(e2e, tmp_path, "lost2", placed, sft_steps=4, save_interval=2)
+        path = write_config(e2e, tmp_path, "lost2", placed, sft_steps=4, grpo_steps=8, save_interval=2)
         run_dir, log = tmp_path / "runs" / "e2e" / "lost2", tmp_path / "lost2.log"
         left = next(n for n in spare if n in cluster.worker_nodes)
         proc = _run_until(path, run_dir, 3, lambda: cluster.remove_node(left, allow_graceful=False), log)
@@ -287,5 +287,5 @@ def test_a_lost_node_moves_its_engine_or_ends_the_run_resumable(e2e, tmp_path):
         assert "resum" in again.stderr.lower()
         steps = [r["step"] for r in read_metrics(run_dir) if r["stage"] == "grpo" and "train/loss" in r]
         assert (
-            steps == list(range(1, 13)) and len(done) >= 3
+            steps == list(range(1, 9)) and len(done) >= 3
         )  # the steps after the checkpoint trained again once

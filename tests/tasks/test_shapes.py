@@ -37,8 +37,8 @@ def test_the_gold_answer_is_the_colour_with_the_most_shapes():
 
 
 def test_the_confused_teacher_names_the_wrong_colour_as_often_as_told():
-    gold = generate_rows(3000, seed=1)
-    noisy = generate_rows(3000, seed=1, noisy=True)
+    gold = generate_rows(1200, seed=1)
+    noisy = generate_rows(1200, seed=1, noisy=True)
     for colour, rate in CONFUSION.items():
         pairs = [(g, n) for g, n in zip(gold, noisy) if g["answer"] == colour]
         assert all(g["image"] == n["image"] for g, n in pairs)
