@@ -20,6 +20,7 @@ Formats:
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from trivium.buffer.task_reader import TaskSetReader
@@ -53,8 +54,49 @@ def _reader(cfg, required, name: str, seed: int, field: str) -> TaskSetReader:
     )
 
 
+# Token ids kept by an offline reader, at most (int32, ~64 MB; a row's mask adds a byte a token)
+ENCODED_TOKENS_MAX = 16 * 1024 * 1024
+
+
+class EncodedRows:
+    """Rows' token ids kept after their first encoding, so a stage that reads its data more than once renders
+    each row's chat template once (the quickstart's SFT: 4,000 rows over 800 steps of 64, 20 ms a batch of
+    encoding saved on 12 of 13 reads). Kept as numpy arrays, up to ``max_tokens`` in all: past it, later rows
+    are encoded each time they come, as without the cache. Dropped whole when the reader's tokenizer changes.
+    Rows with images are not kept (each read puts its images in the run's store)."""
+
+    def __init__(self, max_tokens: int = ENCODED_TOKENS_MAX):
+        self.max_tokens = max_tokens
+        self.tokens = 0
+        self._rows: dict[int, tuple] = {}
+        self._tokenizer = None
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def get(self, tokenizer, index: int):
+        """The kept arrays of row ``index`` (None: not kept); forgets every row if ``tokenizer`` is new."""
+        if tokenizer is not self._tokenizer:
+            self._rows.clear()
+            self.tokens, self._tokenizer = 0, tokenizer
+        return self._rows.get(index)
+
+    def keep(self, index: int, *arrays) -> None:
+        """Keep row ``index``'s arrays (lists of ids or flags) while the token budget allows."""
+        size = sum(len(a) for a in arrays)
+        if index < 0 or self.tokens + size > self.max_tokens:
+            return
+        self._rows[index] = tuple(np.asarray(a, dtype=np.bool_ if _flags(a) else np.int32) for a in arrays)
+        self.tokens += size
+
+
+def _flags(values) -> bool:
+    return len(values) > 0 and isinstance(values[0], bool)
+
+
 class _OfflineReader:
     reader: TaskSetReader
+    encoded: EncodedRows
 
     def __len__(self) -> int:
         return len(self.reader)
@@ -91,11 +133,22 @@ class SftReader(_OfflineReader):
         self.image_tokens = image_tokens
         self.field = field
         self.reader = _reader(cfg, SFT_FORMATS[cfg.format], "sft", seed, field)
+        self.encoded = EncodedRows()
 
     def next_batch(self, batch_size: int) -> list[Experience]:
         return [self.to_experience(t) for t in self.reader.next_batch(batch_size)]
 
     def to_experience(self, task: Task) -> Experience:
+        kept = self.encoded.get(self.tokenizer, task.index)
+        if kept is not None:
+            tokens, mask = kept
+            return _experience(tokens, len(tokens) - len(mask), mask, task.task_id)
+        experience = self._encode(task)
+        if not experience.images:
+            self.encoded.keep(task.index, experience.tokens.tolist(), experience.action_mask.tolist())
+        return experience
+
+    def _encode(self, task: Task) -> Experience:
         if self.cfg.format == "messages":
             messages = list(task.data["messages"])
             if self.cfg.system_prompt and messages[0].get("role") != "system":
@@ -178,18 +231,22 @@ class PreferenceReader(_OfflineReader):
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.reader = _reader(cfg, PREFERENCE_FIELDS, "preference", seed, field)
+        self.encoded = EncodedRows()
 
     def next_batch(self, batch_size: int) -> list[PreferencePair]:
         return [self.to_pair(t) for t in self.reader.next_batch(batch_size)]
 
     def to_pair(self, task: Task) -> PreferencePair:
-        prompt = _prompt_ids(self.tokenizer, task.data["prompt"], self.cfg.system_prompt)
-        return PreferencePair(
-            prompt=torch.tensor(prompt),
-            chosen=torch.tensor(_response_ids(self.tokenizer, task.data["chosen"])),
-            rejected=torch.tensor(_response_ids(self.tokenizer, task.data["rejected"])),
-            pair_id=task.task_id,
-        )
+        kept = self.encoded.get(self.tokenizer, task.index)
+        if kept is None:
+            kept = (
+                _prompt_ids(self.tokenizer, task.data["prompt"], self.cfg.system_prompt),
+                _response_ids(self.tokenizer, task.data["chosen"]),
+                _response_ids(self.tokenizer, task.data["rejected"]),
+            )
+            self.encoded.keep(task.index, *kept)
+        prompt, chosen, rejected = (torch.tensor(np.asarray(a), dtype=torch.long) for a in kept)
+        return PreferencePair(prompt=prompt, chosen=chosen, rejected=rejected, pair_id=task.task_id)
 
 
 def _prompt_ids(tokenizer, prompt: str | list, system_prompt: str | None) -> list[int]:
@@ -231,13 +288,14 @@ def _widened(vision, tokens: list[int], mask: list[bool], refs) -> tuple[list[in
 
 
 def _experience(
-    tokens: list[int], prompt_length: int, action_mask: list[bool], task_id: str, images: tuple[str, ...] = ()
+    tokens, prompt_length: int, action_mask, task_id: str, images: tuple[str, ...] = ()
 ) -> Experience:
+    """``tokens`` and ``action_mask``: lists, or the int32 / bool arrays ``EncodedRows`` keeps."""
     n = len(tokens) - prompt_length
     return Experience(
-        tokens=torch.tensor(tokens, dtype=torch.long),
+        tokens=torch.tensor(np.asarray(tokens), dtype=torch.long),
         prompt_length=prompt_length,
-        action_mask=torch.tensor(action_mask, dtype=torch.bool),
+        action_mask=torch.tensor(np.asarray(action_mask), dtype=torch.bool),
         logprobs=torch.zeros(n, dtype=torch.float32),
         task_id=task_id,
         images=images,
