@@ -66,6 +66,7 @@ def test_fsdp2_run_shards_checkpoints_and_hands_plain_weights_to_the_next_stage(
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_a_killed_rank_stops_the_run_and_a_rerun_resumes_it_exactly(e2e, tmp_path):
     e2e.write(tmp_path)
     reference_path = make_config(e2e, tmp_path, "reference", "ddp", 2, grpo_steps=1)

@@ -1,7 +1,8 @@
 """Past one machine (issue 31): a Ray cluster of three nodes on this machine (Ray's own test cluster,
 ``ray.cluster_utils.Cluster``: a raylet and an object store per node, each node with a custom resource
 naming it), roles placed on chosen nodes by ``cluster.*.resources``, and ``check-config`` asking the
-cluster, not this machine, whether a stage's actors fit.
+cluster, not this machine, whether a stage's actors fit. The tests that start a cluster are `slow` (Ray is
+an extra, not the default backend): CI runs them in its slow stage.
 
 These clusters, and tests/launch/test_ray_runs.py's, may run at once in two pytest workers: each is stopped
 alone (``Cluster.shutdown`` here, SIGTERM to its ``ray start --block`` there), never by ``ray stop``, which
@@ -91,6 +92,7 @@ def write_config(e2e, folder, name, cluster, sft_steps=None, grpo_steps=12, **st
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_check_config_asks_the_cluster_it_joins_not_this_machine(e2e, tmp_path, three_nodes):
     cluster, _ = three_nodes
     ddp = {"strategy": "ddp"}

@@ -1,7 +1,8 @@
 """cluster.backend: ray on a real Ray cluster the tests start (`ray start --head` on a free port, 2 CPUs):
 the same metrics as the local backend, several engines and DDP ranks, placements that cannot fit, killed
 engine and explorer actors restarted, a killed trainer rank ending the run, and decoupled processes joined to
-one cluster."""
+one cluster. Every test that starts the cluster is `slow` (Ray is an extra, not the default backend, and
+the cluster's start alone is ~8 s): CI runs them in its slow stage."""
 
 import os
 import re
@@ -101,6 +102,7 @@ def run(path, *extra, env=None, timeout=600):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_one_engine_and_one_rank_on_ray_equal_the_local_backend(e2e, tmp_path, ray_cluster):
     e2e.write(tmp_path)
     local = run(config(e2e, tmp_path, "local", {}))
@@ -196,6 +198,7 @@ def test_image_tasks_on_ray_actors_equal_the_local_backend(tmp_path, ray_cluster
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_a_placement_that_cannot_fit_fails_at_once_naming_the_field(e2e, tmp_path, ray_cluster):
     e2e.write(tmp_path)
     path = config(e2e, tmp_path, "greedy", ray_cluster_cfg(trainer_rank={"num_cpus": 0.5, "num_gpus": 8}))
