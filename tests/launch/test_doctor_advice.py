@@ -2,6 +2,7 @@
 row a pass more would not; where nothing fits it says so; the precision it suggests follows the hardware."""
 
 import dataclasses
+import functools
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -85,9 +86,14 @@ SHAPES = Shapes(experiences=64, rows_per_micro=8, seq_len=1024, loss_tokens=512,
                 trainable=SHAPE.params, frozen_copies=0, rollout_engine=False, head_chunk=256)  # fmt: skip
 
 
-def stage(device="cpu", lora=None):
+def stage(device="cpu", lora=None, recompute=False):
     return SimpleNamespace(
-        trainer=SimpleNamespace(precision="auto", strategy="single", optimizer_state_dtype="float32"),
+        trainer=SimpleNamespace(
+            precision="auto",
+            strategy="single",
+            optimizer_state_dtype="float32",
+            gradient_checkpointing=recompute,
+        ),
         model=SimpleNamespace(device=device, dtype="float32", lora=lora),
         explorer=SimpleNamespace(max_concurrency=0, rollout=SimpleNamespace(dtype=None)),
         buffer=SimpleNamespace(batch_size=8),
@@ -102,33 +108,60 @@ def lora_adapters():
     return 8_798_208  # rank 16 on every linear layer of the shape above
 
 
-def test_a_model_whose_optimizer_state_does_not_fit_gets_bf16_moments_then_lora_on_cpu_and_fsdp2_on_gpus():
-    one_row = with_changes(dataclasses.replace(SHAPES, rows_per_micro=1)).peak
-    budget = Budget(one_row * 0.9 / FILL, "a test")  # even one row a pass is over
+def test_rows_whose_activations_do_not_fit_even_one_a_pass_get_gradient_checkpointing_first():
+    one_row = with_changes(dataclasses.replace(SHAPES, rows_per_micro=1))
+    budget = Budget(one_row.peak * 0.9 / FILL, "a test")  # even one row a pass is over
     advice = advise(stage(), SHAPES, with_changes, budget, (False, ""), lora_adapters, True)
+    assert advice[0].setting == "trainer.gradient_checkpointing" and advice[0].value == "true"
+    recomputed = dataclasses.replace(SHAPES, recompute=True)
+    rows = advice[1].value if len(advice) > 1 else SHAPES.rows_per_micro
+    assert [a.setting for a in advice[1:]] == (["trainer.micro_batch_size"] if len(advice) > 1 else [])
+    assert with_changes(dataclasses.replace(recomputed, rows_per_micro=rows)).peak <= FILL * budget.bytes
+    if rows < SHAPES.rows_per_micro:
+        assert (
+            with_changes(dataclasses.replace(recomputed, rows_per_micro=rows + 1)).peak > FILL * budget.bytes
+        )
+    # a 1k-token row's layers keep one hidden vector a token and layer and one layer's full set, against
+    # every layer's full set (9h + 2kv + 4i values a token); the head's part is the same both ways
+    act = with_changes(dataclasses.replace(recomputed, rows_per_micro=1)).parts["trainer"]["activations"]
+    full, per_layer = one_row.parts["trainer"]["activations"], SHAPE.act_per_token_layer()
+    assert full - act == 1024 * ((SHAPE.layers - 1) * per_layer - SHAPE.layers * SHAPE.hidden) * 4
+    assert full / act > 3  # 2.5 GB less at this shape, the head's chunk and tied gradient 0.7 GB either way
+    # already on: the doctor does not suggest it again, and goes on to the next lever
+    again = advise(stage(recompute=True), recomputed, with_changes, budget, (False, ""), lora_adapters, True)
+    assert "trainer.gradient_checkpointing" not in [a.setting for a in again]
+
+
+def test_a_model_whose_optimizer_state_does_not_fit_gets_bf16_moments_then_lora_on_cpu_and_fsdp2_on_gpus():
+    # with gradient checkpointing on already (the lever before these, above)
+    shapes, on = dataclasses.replace(SHAPES, recompute=True), functools.partial(stage, recompute=True)
+    one_row = with_changes(dataclasses.replace(shapes, rows_per_micro=1)).peak
+    budget = Budget(one_row * 0.9 / FILL, "a test")  # even one row a pass is over
+    advice = advise(on(), shapes, with_changes, budget, (False, ""), lora_adapters, True)
     assert [a.setting for a in advice] == ["trainer.optimizer_state_dtype", "trainer.micro_batch_size"]
     assert advice[0].value == "bfloat16"
-    halved, rows = dataclasses.replace(SHAPES, moment_bytes=2), advice[1].value
+    halved, rows = dataclasses.replace(shapes, moment_bytes=2), advice[1].value
     assert with_changes(dataclasses.replace(halved, rows_per_micro=rows)).peak <= FILL * budget.bytes
     assert with_changes(dataclasses.replace(halved, rows_per_micro=rows + 1)).peak > FILL * budget.bytes
 
     # tighter: bf16 moments alone no longer fit at one row, LoRA does
     halved_one_row = with_changes(dataclasses.replace(halved, rows_per_micro=1)).peak
     budget = Budget(halved_one_row * 0.95 / FILL, "a test")
-    lora_peak = with_changes(dataclasses.replace(SHAPES, rows_per_micro=1, trainable=lora_adapters())).peak
+    lora_peak = with_changes(dataclasses.replace(shapes, rows_per_micro=1, trainable=lora_adapters())).peak
     assert lora_peak < FILL * budget.bytes  # the case: full fine-tuning cannot fit, LoRA can
-    advice = advise(stage(), SHAPES, with_changes, budget, (False, ""), lora_adapters, True)
-    assert [a.setting for a in advice] == ["model.lora", "trainer.micro_batch_size"]
-    rows = advice[1].value
-    lora = dataclasses.replace(SHAPES, trainable=lora_adapters())
+    advice = advise(on(), shapes, with_changes, budget, (False, ""), lora_adapters, True)
+    assert [a.setting for a in advice][:1] == ["model.lora"]
+    rows = advice[1].value if len(advice) > 1 else shapes.rows_per_micro
+    lora = dataclasses.replace(shapes, trainable=lora_adapters())
     assert with_changes(dataclasses.replace(lora, rows_per_micro=rows)).peak <= FILL * budget.bytes
-    assert with_changes(dataclasses.replace(lora, rows_per_micro=rows + 1)).peak > FILL * budget.bytes
+    if rows < shapes.rows_per_micro:
+        assert with_changes(dataclasses.replace(lora, rows_per_micro=rows + 1)).peak > FILL * budget.bytes
     # on GPUs (LoRA already on): weights, gradients and optimizer state sharded by FSDP2 over the fewest GPUs
-    gpu = advise(stage("cuda", lora=object()), SHAPES, with_changes, budget, (False, ""), lora_adapters, True)
+    gpu = advise(on("cuda", lora=object()), shapes, with_changes, budget, (False, ""), lora_adapters, True)
     assert gpu[0].setting == "trainer.strategy" and "trainer.world_size 2" in gpu[0].why
-    rows = gpu[1].value if len(gpu) > 1 else SHAPES.rows_per_micro
+    rows = gpu[1].value if len(gpu) > 1 else shapes.rows_per_micro
     assert (
-        with_changes(dataclasses.replace(SHAPES, rows_per_micro=rows), shards=2).peak <= FILL * budget.bytes
+        with_changes(dataclasses.replace(shapes, rows_per_micro=rows), shards=2).peak <= FILL * budget.bytes
     )
 
 

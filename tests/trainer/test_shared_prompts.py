@@ -200,31 +200,34 @@ def test_a_trainer_that_cannot_share_says_why(policy, tiny_model_dir):
         TrainerConfig(share_prompts="sometimes")
 
 
-def test_ppo_policy_and_critic_make_the_same_updates_on_shared_rows(policy, tokenizer):
+def ppo_step(policy, exps, sgd=True, **cfg):
+    """One PPO step (policy and critic, fresh copies of ``policy``) under ``TrainerConfig(**cfg)``: its metrics,
+    the trained policy and critic, and the trainer."""
     from trivium.config.schema import AlgorithmConfig, CriticConfig
     from trivium.trainer.critic import Critic, ValueModel
     from trivium.trainer.spec import AlgorithmSpec
     from trivium.trainer.trainer import Trainer
 
-    exps = long_prompt_experiences(policy, tokenizer)
     spec = AlgorithmSpec.from_config(AlgorithmConfig(algorithm_type="ppo"))
+    tcfg = TrainerConfig(**{"lr": 1e-3, "grad_clip": 0.0, **cfg})
+    model = copy.deepcopy(policy)
+    critic = Critic(ValueModel.from_causal_lm(policy), CriticConfig(lr=1e-2, warmup_steps=0), tcfg, 10, 12)
+    trainer = Trainer(
+        model, tcfg, spec, pad_token_id=0, total_steps=10, max_response_length=12, critic=critic
+    )
+    if sgd:  # SGD: the change is the gradient (Adam would amplify noise)
+        for opt in (trainer.optim, critic.optim):
+            opt.optimizer = torch.optim.SGD(opt.optimizer.param_groups[0]["params"], lr=1e-2)
+    return trainer.train_step(exps), (model, critic.model), trainer
+
+
+def test_ppo_policy_and_critic_make_the_same_updates_on_shared_rows(policy, tokenizer):
+    exps = long_prompt_experiences(policy, tokenizer)
     trained, metrics = [], []
     for share in (False, True):
-        tcfg = TrainerConfig(lr=1e-3, micro_batch_size=2, grad_clip=0.0, share_prompts=share)
-        model = copy.deepcopy(policy)
-        critic = Critic(
-            ValueModel.from_causal_lm(policy), CriticConfig(lr=1e-2, warmup_steps=0), tcfg, 10, 12
-        )
-        trainer = Trainer(
-            model, tcfg, spec, pad_token_id=0, total_steps=10, max_response_length=12, critic=critic
-        )
-        for opt in (
-            trainer.optim,
-            critic.optim,
-        ):  # SGD: the change is the gradient (Adam would amplify noise)
-            opt.optimizer = torch.optim.SGD(opt.optimizer.param_groups[0]["params"], lr=1e-2)
-        metrics.append(trainer.train_step(exps))
-        trained.append((model, critic.model))
+        step, models, _ = ppo_step(policy, exps, micro_batch_size=2, share_prompts=share)
+        metrics.append(step)
+        trained.append(models)
     assert metrics[1]["train/shared_prompt"] == 1.0
     for key in ("loss/value", "train/loss", "value/explained_variance"):
         assert metrics[0][key] == pytest.approx(metrics[1][key], abs=1e-5), key

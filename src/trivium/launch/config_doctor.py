@@ -447,6 +447,7 @@ def _shapes(
         overlap=cfg.synchronizer.sync_offset > 0,
         moment_bytes=2 if cfg.trainer.optimizer_state_dtype == "bfloat16" else 0,
         shared_rows=batch.per_row > 1,
+        recompute=cfg.trainer.gradient_checkpointing,
     )
 
 

@@ -1,6 +1,6 @@
 """What ``trivium doctor`` suggests for a stage: the micro-batch that fits the memory there is, the precision
-the hardware runs best, and, where no micro-batch fits, what else would (rollout dtype, bf16 optimizer moments,
-LoRA, FSDP2).
+the hardware runs best, and, where no micro-batch fits, what else would (rollout dtype, gradient checkpointing,
+bf16 optimizer moments, LoRA, FSDP2).
 
 The memory budget is ``trivium doctor --memory SIZE`` (plan for another machine: ``80GiB``, ``24G``), else
 the trainer's device: a CUDA device's total memory, or on a CPU what the machine has available now
@@ -19,6 +19,8 @@ What is suggested, and what is not:
   ``explorer.max_concurrency`` (fewer tasks sampled at once: a smaller KV cache, when sampling is the larger
   part), ``explorer.rollout.dtype: bfloat16`` (the in-process engine's copy of the weights and its KV cache in
   half; an engine that samples from the trainer's float32 weights gets a bf16 copy of its own instead),
+  ``trainer.gradient_checkpointing: true`` (each layer keeps its input only and recomputes the rest in the
+  backward: about one more forward a step; the lever for a sequence too long for one row a pass),
   ``trainer.optimizer_state_dtype: bfloat16`` (AdamW's two moments in half; not with FSDP2, which shards them),
   ``model.lora`` (rank 16: the optimizer state and gradients of the adapters only), and on CUDA
   ``trainer.strategy: fsdp2`` over 2, 4 or 8 GPUs (weights, gradients and optimizer state sharded; on a CPU
@@ -148,6 +150,10 @@ def advise(
                 else "the engine's weights in half",
             )
         )
+    if trains and not t.gradient_checkpointing:
+        recomputed = dataclasses.replace(shapes, recompute=True)
+        what = "each layer's activations recomputed in the backward: about one more forward a step"
+        levers.append(("trainer.gradient_checkpointing", "true", recomputed, {}, what))
     if (
         trains
         and t.optimizer_state_dtype == "float32"
@@ -190,8 +196,8 @@ def advise(
     why = (
         f"nothing here fits: {over}; at 1 row a pass it is still {mib(smallest.peak)} (weights and optimizer "
         f"state {mib(smallest.steady)}, training {mib(smallest.train_transient)}, sampling "
-        f"{mib(smallest.rollout_transient)}), and none of fewer tasks at once, bf16 rollouts, bf16 optimizer "
-        "moments, LoRA or FSDP2 alone "
+        f"{mib(smallest.rollout_transient)}), and none of fewer tasks at once, bf16 rollouts, gradient "
+        "checkpointing, bf16 optimizer moments, LoRA or FSDP2 alone "
         "brings it under: a machine with more memory, or a smaller model"
     )
     return [*out, Advice(None, None, why)]

@@ -24,6 +24,8 @@ The per-token activation count of a decoder layer (Qwen2/Llama, autograd's saved
 the layer's input and its normalised copy (2h), q after rotary, k and v (h + 2 kv), k and v repeated to
 every head for attention (2h), attention's output (h), the second norm's input and output (2h), the MLP's
 gate, up, activated gate and product (4i): ``9h + 2kv + 4i``.
+With ``trainer.gradient_checkpointing`` a layer keeps its input only (``h``) and one layer at a time holds
+the full set, while its backward recomputes it.
 
 Under bf16 autocast (``trainer.precision`` bf16 with fp32 weights) the residual stream and the norms stay
 fp32 and so do q and k after rotary (fp32 cos/sin promote them): ``5h + kv`` values of 4 bytes; the
@@ -96,6 +98,7 @@ class Shapes:
     head_chunk: int = 0  # loss tokens per chunk of the vocabulary head (ChunkedLogProbs); 0: not chunked
     moment_bytes: int = 0  # bytes of each of AdamW's two moments a parameter; 0: the weights' (bf16: 2)
     shared_rows: bool = False  # rows of a group's samples with their prompt once (trainer.share_prompts)
+    recompute: bool = False  # decoder layers recompute their activations in backward (gradient_checkpointing)
 
 
 @dataclass
@@ -130,7 +133,12 @@ def estimate(
     wb, rb = DTYPE_BYTES[model_dtype], DTYPE_BYTES[rollout_dtype]
     mb = s.moment_bytes or wb
     tokens = s.rows_per_micro * s.seq_len
-    act = tokens * shape.layers * shape.act_bytes_per_token_layer(wb, autocast)
+    per_layer = shape.act_bytes_per_token_layer(wb, autocast)
+    if s.recompute:  # the residual stream between the layers (weights' dtype, fp32 under autocast too), and
+        # one layer's full set while its backward recomputes it (trainer/recompute.py)
+        act = tokens * (shape.layers * shape.hidden * wb + per_layer)
+    else:
+        act = tokens * shape.layers * per_layer
     if s.shared_rows:  # a row's additive [L, L] mask in the compute dtype, one the layers share (sdpa keeps
         # it for the backward; a boolean one it would copy in every layer: +650 MB at 2 x 4225 tokens, 8 layers)
         act += s.rows_per_micro * s.seq_len**2 * (2 if autocast else wb)

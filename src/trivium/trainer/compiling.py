@@ -21,6 +21,7 @@ import torch
 
 from trivium.models.bf16 import emulates_bf16
 from trivium.trainer.parallel import decoder_layers
+from trivium.trainer.recompute import recomputes
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,11 @@ def compile_decoder_layers(model: torch.nn.Module, precision_name: str, device_t
         )
         return 0
     layers = decoder_layers(model, "trainer.compile", "set trainer.compile false for it")
+    if recomputes(model):
+        # trainer.gradient_checkpointing: a side effect inside a checkpointed region (the `kernels`
+        # package's context variable that transformers' layers set) breaks the graph, and the layers would
+        # run eager; not replaying that side effect in the recomputation is harmless
+        torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
     for layer in layers:
         layer.compile(dynamic=True)
     log.info(

@@ -27,6 +27,7 @@ from trivium.trainer.model_io import export_weights, save_model
 from trivium.trainer.optim import Optimization
 from trivium.trainer.parallel import Parallel, micro_rows
 from trivium.trainer.precision import choose_precision, model_probe
+from trivium.trainer.recompute import recompute_decoder_layers
 from trivium.types import PreferencePair, collate_pairs
 
 
@@ -54,6 +55,8 @@ class DpoTrainer:
             raise ValueError(
                 f"trainer.share_prompts: true, but {self._unshared}: set trainer.share_prompts to auto or false"
             )
+        if cfg.gradient_checkpointing:
+            recompute_decoder_layers(model)
         if cfg.compile:
             compile_decoder_layers(model, self.precision.name, self.device.type)
         self.optim = Optimization(model, cfg, precision=self.precision)

@@ -51,6 +51,7 @@ from trivium.trainer.model_io import SHARDS_DIR, export_weights, save_model
 from trivium.trainer.optim import Optimization
 from trivium.trainer.parallel import Parallel, micro_rows
 from trivium.trainer.precision import choose_precision, model_probe
+from trivium.trainer.recompute import recompute_decoder_layers
 from trivium.trainer.spec import AlgorithmSpec
 from trivium.types import Experience, TrainBatch, collate
 
@@ -126,6 +127,10 @@ class Trainer:
             raise ValueError(
                 f"trainer.share_prompts: true, but {self._unshared}: set trainer.share_prompts to auto or false"
             )
+        if cfg.gradient_checkpointing:  # before compile, which then traces the recomputing layers
+            recompute_decoder_layers(model)
+            if critic is not None:
+                recompute_decoder_layers(critic.model.backbone, "the critic")
         if cfg.compile:  # before the strategy's wrapping, as torchtitan does for FSDP2 (compile, then shard)
             compile_decoder_layers(model, self.precision.name, self.device.type)
         self.model = self.parallel.wrap(model)
