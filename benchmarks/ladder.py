@@ -64,7 +64,7 @@ RUNGS = {
     "0.5B@128": ("0.5B", 32, 96, 4, 4),
     "0.5B@1k": ("0.5B", 896, 128, 2, 2),
     "0.5B@4k": ("0.5B", 3968, 128, 1, 2),
-    "ci-152k@256": ("ci-152k", 192, 64, 2, 4),
+    "ci-152k@256": ("ci-152k", 192, 64, 2, 2),  # --quick: TRL at 152k is most of its time
 }
 QUICK = ["1M@64", "ci-152k@256"]
 FULL = [r for r in RUNGS if not r.startswith("ci-")]
