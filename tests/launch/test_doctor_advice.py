@@ -121,11 +121,12 @@ def test_rows_whose_activations_do_not_fit_even_one_a_pass_get_gradient_checkpoi
         assert (
             with_changes(dataclasses.replace(recomputed, rows_per_micro=rows + 1)).peak > FILL * budget.bytes
         )
-    # a 1k-token row's layers keep one hidden vector a token and layer and one layer's full set, against
-    # every layer's full set (9h + 2kv + 4i values a token); the head's part is the same both ways
+    # a 1k-token row's layers keep their input, attention's output and log-sum-exp a token and one layer's
+    # full set, against every layer's full set (9h + 2kv + 4i values a token); the head's part is the same
     act = with_changes(dataclasses.replace(recomputed, rows_per_micro=1)).parts["trainer"]["activations"]
     full, per_layer = one_row.parts["trainer"]["activations"], SHAPE.act_per_token_layer()
-    assert full - act == 1024 * ((SHAPE.layers - 1) * per_layer - SHAPE.layers * SHAPE.hidden) * 4
+    kept = 2 * SHAPE.hidden + SHAPE.heads  # 14 heads x 64 = 896 = h here
+    assert full - act == 1024 * ((SHAPE.layers - 1) * per_layer - SHAPE.layers * kept) * 4
     assert full / act > 3  # 2.5 GB less at this shape, the head's chunk and tied gradient 0.7 GB either way
     # already on: the doctor does not suggest it again, and goes on to the next lever
     again = advise(stage(recompute=True), recomputed, with_changes, budget, (False, ""), lora_adapters, True)

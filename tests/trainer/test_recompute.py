@@ -1,5 +1,5 @@
-"""``trainer.gradient_checkpointing`` (trainer/recompute.py): the decoder layers keep their inputs only and
-recompute the rest in the backward pass: the same update (policy, PPO's critic, DPO, shared-prompt rows and
+"""``trainer.gradient_checkpointing`` (trainer/recompute.py): the decoder layers keep their inputs and attention's
+outputs and recompute the rest in the backward pass: the same update (policy, PPO's critic, DPO, shared-prompt rows and
 bf16 autocast alike), fewer bytes kept for the backward, the layers run again in the backward, passes
 without gradients untouched, and the model's module tree and checkpoints unchanged."""
 
@@ -9,11 +9,22 @@ import pytest
 import torch
 from tests.trainer.test_shared_prompts import long_prompt_experiences, ppo_step
 from tests.trainer.test_trainer import make_trainer, sampled_experiences
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from trivium.config.schema import TrainerConfig
 from trivium.trainer.logprobs import forward_logprobs
-from trivium.trainer.recompute import recompute_decoder_layers, recomputes
+from trivium.trainer.recompute import ATTENTION_OPS, recompute_decoder_layers, recomputes
 from trivium.types import collate
+
+
+class AttentionCalls(TorchDispatchMode):
+    """Counts calls of sdpa's fused kernels (``recompute.ATTENTION_OPS``)."""
+
+    calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls += func.overloadpacket in ATTENTION_OPS
+        return func(*args, **(kwargs or {}))
 
 
 def same_weights(a, b, atol=1e-6):
@@ -70,8 +81,10 @@ def test_the_backward_keeps_the_layers_inputs_only_and_runs_each_layer_again(pol
     recompute = copy.deepcopy(policy)
     assert recompute_decoder_layers(recompute) == layers
     assert recompute_decoder_layers(recompute) == layers  # again: a no-op, not a second wrapping
-    kept, forward_calls, backward_calls = kept_bytes_and_calls(recompute)
+    with AttentionCalls() as attention:
+        kept, forward_calls, backward_calls = kept_bytes_and_calls(recompute)
     assert (forward_calls, backward_calls) == (layers, layers)  # every layer once more, in the backward
+    assert attention.calls == layers  # ... but its attention kernel's outputs are kept, not recomputed
     # kept: the layers' inputs, the embedding's, the final norm's and the head's; at this 2-layer, hidden-64
     # shape the layers' own sets are about half of the whole
     assert kept < 0.6 * full, (kept, full)

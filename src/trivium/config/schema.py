@@ -396,8 +396,8 @@ class TrainerConfig(StrictModel):
     it; docs/performance.md has the figures."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them (policy,
-    PPO's critic, DPO's policy): a micro-batch keeps one hidden-state vector a token and layer instead of
-    ~9h + 4i values, for about one more forward of the layers a step. The lever for sequences too long to
+    PPO's critic, DPO's policy): a micro-batch keeps the layer's input and attention's output a token and
+    layer instead of ~9h + 4i values, for about one more forward of the layers a step. The lever for sequences too long to
     train even one to a micro-batch; below that a smaller max_tokens_per_micro_batch costs less.
     trivium doctor sizes it and suggests it where nothing else fits (trainer/recompute.py)."""
     max_abs_reward: float = Field(1e6, gt=0)

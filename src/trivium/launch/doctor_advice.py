@@ -19,8 +19,9 @@ What is suggested, and what is not:
   ``explorer.max_concurrency`` (fewer tasks sampled at once: a smaller KV cache, when sampling is the larger
   part), ``explorer.rollout.dtype: bfloat16`` (the in-process engine's copy of the weights and its KV cache in
   half; an engine that samples from the trainer's float32 weights gets a bf16 copy of its own instead),
-  ``trainer.gradient_checkpointing: true`` (each layer keeps its input only and recomputes the rest in the
-  backward: about one more forward a step; the lever for a sequence too long for one row a pass),
+  ``trainer.gradient_checkpointing: true`` (each layer keeps its input and attention's output and
+  recomputes the rest in the backward: about one more forward a step; the lever for a sequence too long for
+  one row a pass),
   ``trainer.optimizer_state_dtype: bfloat16`` (AdamW's two moments in half; not with FSDP2, which shards them),
   ``model.lora`` (rank 16: the optimizer state and gradients of the adapters only), and on CUDA
   ``trainer.strategy: fsdp2`` over 2, 4 or 8 GPUs (weights, gradients and optimizer state sharded; on a CPU

@@ -24,8 +24,9 @@ The per-token activation count of a decoder layer (Qwen2/Llama, autograd's saved
 the layer's input and its normalised copy (2h), q after rotary, k and v (h + 2 kv), k and v repeated to
 every head for attention (2h), attention's output (h), the second norm's input and output (2h), the MLP's
 gate, up, activated gate and product (4i): ``9h + 2kv + 4i``.
-With ``trainer.gradient_checkpointing`` a layer keeps its input only (``h``) and one layer at a time holds
-the full set, while its backward recomputes it.
+With ``trainer.gradient_checkpointing`` a layer keeps its input (``h``), attention's output (heads x head
+dim) and its log-sum-exp (one float32 a head), and one layer at a time holds the full set, while its
+backward recomputes it.
 
 Under bf16 autocast (``trainer.precision`` bf16 with fp32 weights) the residual stream and the norms stay
 fp32 and so do q and k after rotary (fp32 cos/sin promote them): ``5h + kv`` values of 4 bytes; the
@@ -134,9 +135,11 @@ def estimate(
     mb = s.moment_bytes or wb
     tokens = s.rows_per_micro * s.seq_len
     per_layer = shape.act_bytes_per_token_layer(wb, autocast)
-    if s.recompute:  # the residual stream between the layers (weights' dtype, fp32 under autocast too), and
-        # one layer's full set while its backward recomputes it (trainer/recompute.py)
-        act = tokens * (shape.layers * shape.hidden * wb + per_layer)
+    if s.recompute:  # the residual stream between the layers (weights' dtype, fp32 under autocast too),
+        # attention's output (compute dtype) and log-sum-exp (fp32), and one layer's full set while its
+        # backward recomputes it (trainer/recompute.py)
+        kept = shape.hidden * wb + shape.heads * shape.head_dim * (2 if autocast else wb) + shape.heads * 4
+        act = tokens * (shape.layers * kept + per_layer)
     else:
         act = tokens * shape.layers * per_layer
     if s.shared_rows:  # a row's additive [L, L] mask in the compute dtype, one the layers share (sdpa keeps

@@ -1,11 +1,13 @@
 """``trainer.gradient_checkpointing``: each decoder layer's activations recomputed in the backward pass.
 
 While gradients are recorded, a decoder layer (``parallel.decoder_layers``) runs under
-``torch.utils.checkpoint`` (non-reentrant): autograd keeps the layer's inputs only, and the backward runs
-the layer's forward once more to get the rest back. A micro-batch's activations fall from ``layers x
-(9h + 2kv + 4i)`` values a token (``launch/memory_estimate.py``) to ``layers x h`` (the residual stream
-between the layers) plus one layer's full set while that layer's backward runs; the step pays about one
-more forward of the layers (a forward is about a third of a forward and backward). It is the lever for a
+``torch.utils.checkpoint`` (non-reentrant): autograd keeps the layer's inputs and the outputs of its fused
+attention kernel only (``ATTENTION_OPS``), and the backward runs the rest of the layer's forward once more
+to get it back. A micro-batch's activations fall from ``layers x (9h + 2kv + 4i)`` values a token
+(``launch/memory_estimate.py``) to ``layers x (2h + heads)`` (the residual stream between the layers,
+attention's output and log-sum-exp) plus one layer's full set while that layer's backward runs; the step
+pays about one more forward of the layers less attention (a forward is about a third of a forward and
+backward). It is the lever for a
 sequence too long to train even alone in a micro-batch; below that, fewer rows a pass cost less
 (``trainer.max_tokens_per_micro_batch``: smaller passes run as fast on a CPU). ``trivium doctor``
 sizes it and suggests it where no micro-batch fits otherwise.
@@ -26,18 +28,43 @@ import logging
 import types
 
 import torch
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from trivium.trainer.parallel import decoder_layers
 
 log = logging.getLogger(__name__)
+
+# Attention's fused kernels (sdpa's, on CPU and CUDA): their outputs (the attention output, h values a token,
+# and the softmax's log-sum-exp, one a head) are kept and not recomputed, as in torchtitan's selective
+# activation checkpointing: the backward of attention reads them, and at long sequences attention is much of
+# a layer's forward (25M @4k on CPU: a step 1.53x the time with it recomputed; benchmarks/recompute.py).
+ATTENTION_OPS = {
+    packet
+    for name in (
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+    )
+    if (packet := getattr(torch.ops.aten, name, None)) is not None
+}
+
+
+def _keep_attention(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    if getattr(op, "overloadpacket", None) in ATTENTION_OPS:
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _keeping_attention():
+    return create_selective_checkpoint_contexts(_keep_attention)
 
 
 def _recomputed_forward(self: torch.nn.Module, *args, **kwargs):
     forward = type(self).forward
     if not torch.is_grad_enabled():
         return forward(self, *args, **kwargs)
-    return checkpoint(forward, self, *args, use_reentrant=False, **kwargs)
+    return checkpoint(forward, self, *args, use_reentrant=False, context_fn=_keeping_attention, **kwargs)
 
 
 def recompute_decoder_layers(model: torch.nn.Module, what: str = "the policy") -> int:
