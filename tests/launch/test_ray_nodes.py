@@ -281,10 +281,11 @@ def test_a_lost_node_moves_its_engine_or_ends_the_run_resumable(e2e, tmp_path):
         assert "resumes from the newest checkpoint" in text and "Traceback" not in text[-2000:]
         done = _grpo_steps(run_dir)
 
-        # 3. a node with room joins; the same command resumes from the newest checkpoint
+        # 3. a node with room joins; the same command resumes from the newest checkpoint (given a minute to
+        # start the engine there, as in 1: 15 s was too short once for the new node in a loaded suite)
         cluster.add_node(num_cpus=1, resources={"engine_node": 1}, object_store_memory=STORE)
         cluster.wait_for_nodes()
-        again = cli("run", "-c", str(path))
+        again = cli("run", "-c", str(path), "--set", "cluster.start_timeout_s=60")
         assert again.returncode == 0, again.stderr[-3000:]
         assert "resum" in again.stderr.lower()
         steps = [r["step"] for r in read_metrics(run_dir) if r["stage"] == "grpo" and "train/loss" in r]
