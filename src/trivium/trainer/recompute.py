@@ -7,17 +7,16 @@ to get it back. A micro-batch's activations fall from ``layers x (9h + 2kv + 4i)
 (``launch/memory_estimate.py``) to ``layers x (2h + heads)`` (the residual stream between the layers,
 attention's output and log-sum-exp) plus one layer's full set while that layer's backward runs; the step
 pays about one more forward of the layers less attention (a forward is about a third of a forward and
-backward). It is the lever for a
-sequence too long to train even alone in a micro-batch; below that, fewer rows a pass cost less
-(``trainer.max_tokens_per_micro_batch``: smaller passes run as fast on a CPU). ``trivium doctor``
-sizes it and suggests it where no micro-batch fits otherwise.
+backward). It is the lever for a sequence too long to train even alone in a micro-batch; below that, fewer
+rows a pass cost less (``trainer.max_tokens_per_micro_batch``: smaller passes run as fast on a CPU).
+``trivium doctor`` sizes it and suggests it where no micro-batch fits otherwise.
 
 Why not transformers' ``gradient_checkpointing_enable``: it recomputes only in ``train()`` mode, and the RL
 trainer runs its model in eval mode (no dropout: the training pass's log-probs are the sampler's). The
 wrapped ``forward`` is bound to the layer as an instance attribute: the module tree, the parameter names
-and so the checkpoints stay exactly as they are, a deep copy (a reference model) binds its own, FSDP2's
-per-layer sharding wraps it unchanged, and ``trainer.compile`` traces it (torch compiles the checkpointed
-region as one). Passes without gradients (old, reference, teacher log-probs) call the layer directly.
+and so the checkpoints stay exactly as they are, a deep copy (a reference model) binds its own, and
+``trainer.compile`` traces it (torch compiles the checkpointed region as one). DDP and FSDP2 wrap the
+layer's call around it, as torchtitan wraps its checkpointed blocks; no test runs it on several ranks yet. Passes without gradients (old, reference, teacher log-probs) call the layer directly.
 Dropout draws the same masks in the recomputation (checkpoint restores the RNG state), and autocast and
 bf16's emulation hold there as in the forward, so the gradients are the same as without it (tested).
 """
