@@ -1,5 +1,5 @@
 """benchmarks/ladder.py: its tokenizer is a real byte-level BPE of exactly the rung's vocabulary, and its
---quick ladder (the quickstart's shape, a 152k vocabulary) runs both frameworks, the doctor and the floors."""
+--quick ladder (a 152k vocabulary on a small model) runs both frameworks, the doctor and the floors."""
 
 import json
 import subprocess
@@ -38,7 +38,7 @@ def test_the_quick_ladder_measures_both_frameworks_and_the_doctor(tmp_path):
     done = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(out.with_suffix(".json").read_text())["results"]
-    assert [r["rung"] for r in results] == ["1M@64", "ci-152k@256"]
+    assert [r["rung"] for r in results] == ["ci-152k@256"]
     for r in results:
         for side in ("trl", "trivium"):
             x = r[side]

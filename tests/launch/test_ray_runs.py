@@ -213,6 +213,75 @@ def test_a_placement_that_cannot_fit_fails_at_once_naming_the_field(e2e, tmp_pat
     assert "Ray: placed" not in result.stderr  # checked before any actor started
 
 
+START_MANY = """
+import os, sys, time, types
+
+import ray
+
+from trivium.launch.ray_cluster import ClusterError, RayCluster
+
+
+class Slow:
+    def __init__(self, fail):
+        time.sleep(5)
+        if fail:
+            raise ValueError("this one cannot start")
+
+    def ready(self):
+        from trivium.launch.ray_cluster import placement_info
+
+        return placement_info()
+
+
+ray.init(address=sys.argv[1], namespace="start-many")
+cluster = RayCluster(types.SimpleNamespace(start_timeout_s=60), "start-many", started_here=False)
+need = types.SimpleNamespace(num_cpus=0.25, num_gpus=0, memory_gb=0, resources={})
+t0 = time.monotonic()
+actors = cluster.start_many("t", Slow, need, [(f"ok-{i}", (False,)) for i in range(3)])
+print("started", len(actors), round(time.monotonic() - t0, 1))
+try:
+    cluster.start_many("u", Slow, need, [("fine", (False,)), ("broken", (True,)), ("late", (False,))])
+except ClusterError as error:
+    print("error", error)
+
+
+def alive(name):
+    try:
+        ray.get_actor(f"{name}@{os.getpid()}")  # a killed named actor's name is freed
+        return True
+    except ValueError:
+        return False
+
+
+names = ["ok-0", "ok-1", "ok-2", "fine", "broken", "late"]
+deadline = time.monotonic() + 30
+while any(alive(n) for n in names[3:]) and time.monotonic() < deadline:
+    time.sleep(0.2)
+print("alive", [n for n in names if alive(n)])
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_actors_of_a_role_start_together_and_all_or_none(ray_cluster, tmp_path):
+    """``RayCluster.start_many``: three actors whose constructors take 5 s each are all ready well before
+    the 15 s that starting them one after another takes (their processes start side by side); when one of
+    a batch fails while starting, the error names it and none of that batch is left running."""
+    script = tmp_path / "start_many.py"
+    script.write_text(START_MANY)
+    done = subprocess.run(
+        [sys.executable, str(script), ray_cluster], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
+    count, seconds = lines["started"].split()
+    assert count == "3" and float(seconds) < 12, lines  # one after another: over 15 s
+    assert (
+        lines["error"].startswith("actor broken failed while starting: ") and "cannot start" in lines["error"]
+    )
+    assert lines["alive"] == "['ok-0', 'ok-1', 'ok-2']", lines
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 def test_two_engines_and_two_ddp_ranks_learn_and_a_killed_engine_is_restarted(e2e, tmp_path, ray_cluster):

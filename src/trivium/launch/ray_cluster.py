@@ -167,11 +167,23 @@ class RayCluster:
         self.groups.setdefault(role, []).append(group)
         return group
 
-    def start(self, role: str, cls: type, name: str, resources, args: Sequence[Any], *, group=None, bundle=None,
+    def start(self, role: str, cls: type, name: str, resources, args: Sequence[Any], *,
               max_restarts: int = 0, on_this_node: bool = False) -> Any:  # fmt: skip
         """Start actor ``name`` (class ``cls``, a plain class made remote here) and wait until it answers
-        ``ready()``; returns its handle. ``group``/``bundle``: its place in a placement group;
-        ``on_this_node``: on the driver's node (it reads and writes the driver's files)."""
+        ``ready()``; returns its handle. ``on_this_node``: on the driver's node (it reads and writes the
+        driver's files)."""
+        (actor,) = self.start_many(
+            role, cls, resources, [(name, args)], max_restarts=max_restarts, on_this_node=on_this_node
+        )
+        return actor
+
+    def start_many(self, role: str, cls: type, resources, named_args: Sequence[tuple[str, Sequence[Any]]], *,
+                   group=None, max_restarts: int = 0, on_this_node: bool = False) -> list[Any]:  # fmt: skip
+        """Start one actor of class ``cls`` per ``(name, constructor arguments)`` of ``named_args``, all at once
+        (each in its own process, so their imports and model builds overlap: a pool of N engines starts in
+        about the time of one where the cluster has the cores), and wait until every one answers ``ready()``
+        within one ``cluster.start_timeout_s``; their handles, in order. ``group``: actor i in bundle i of
+        that placement group. When one does not start, none is kept: the error names the first that failed."""
         import ray
         from ray.util.scheduling_strategies import (
             NodeAffinitySchedulingStrategy,
@@ -179,7 +191,6 @@ class RayCluster:
         )
 
         options: dict[str, Any] = {
-            "name": f"{name}@{os.getpid()}",
             "num_cpus": resources.num_cpus,
             "num_gpus": resources.num_gpus,
             "max_restarts": max_restarts,
@@ -189,42 +200,66 @@ class RayCluster:
             options["memory"] = int(resources.memory_gb * 2**30)
         if resources.resources:  # custom resources: on the nodes that have them (`ray start --resources`)
             options["resources"] = dict(resources.resources)
-        if group is not None:
-            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(group, bundle)
-        elif on_this_node:
+        if on_this_node:
             node = ray.get_runtime_context().get_node_id()
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
-        if max_restarts > 0:
-            # Ray restarts the actor with the arguments it was created with: they are put in the object
-            # store here and held for the actor's life, so that a restart finds them (a large argument
-            # passed bare is put there by Ray and may go out of scope: ray-project/ray#53727).
-            held = ray.put(tuple(args))
-            self.held.setdefault(role, []).append(held)
-            cls, args = _taking_held_args(cls), ([held],)
-        actor = ray.remote(cls).options(**options).remote(*args)
+        pending = []
+        for i, (name, args) in enumerate(named_args):
+            placed = dict(options, name=f"{name}@{os.getpid()}")
+            if group is not None:
+                placed["scheduling_strategy"] = PlacementGroupSchedulingStrategy(group, i)
+            remote_cls = cls
+            if max_restarts > 0:
+                # Ray restarts the actor with the arguments it was created with: they are put in the object
+                # store here and held for the actor's life, so that a restart finds them (a large argument
+                # passed bare is put there by Ray and may go out of scope: ray-project/ray#53727).
+                held = ray.put(tuple(args))
+                self.held.setdefault(role, []).append(held)
+                remote_cls, args = _taking_held_args(cls), ([held],)
+            actor = ray.remote(remote_cls).options(**placed).remote(*args)
+            pending.append((name, actor, actor.ready.remote()))
         if max_restarts > 0 and not self.explained_restart_line:  # after Ray's line
             self.explained_restart_line = True
             log.info(RESTART_LINE_EXPLAINED)
-        try:
-            where = ray.get(actor.ready.remote(), timeout=self.cfg.start_timeout_s)
-        except ray.exceptions.GetTimeoutError:
+        deadline = time.monotonic() + self.cfg.start_timeout_s
+        placed_at = []
+        for name, _, ready in pending:
+            try:
+                placed_at.append(ray.get(ready, timeout=max(0.0, deadline - time.monotonic())))
+            except ray.exceptions.GetTimeoutError:
+                self._kill_all(pending)
+                raise ClusterError(
+                    f"actor {name} ({describe(_asks(resources))}) did not start within cluster.start_timeout_s="
+                    f"{self.cfg.start_timeout_s:g} s (still PENDING, or too slow to load); free now: "
+                    f"{describe(ray.available_resources())}"
+                ) from None
+            except ray.exceptions.RayError as error:
+                self._kill_all(pending)
+                raise ClusterError(f"actor {name} failed while starting: {_first_line(error)}") from error
+        actors = []
+        for (name, actor, _), where in zip(pending, placed_at, strict=True):
+            log.info(
+                "Ray: placed %s on node %s %s (pid %s)",
+                name,
+                where["node"],
+                where["node_id"][:12],
+                where["pid"],
+            )
+            _PLACED[actor._actor_id.hex()] = where
+            warning = priority_warning(name, where)
+            if warning:
+                log.warning(warning)
+            actors.append(actor)
+        self.actors.setdefault(role, []).extend(actors)
+        return actors
+
+    @staticmethod
+    def _kill_all(pending: list[tuple[str, Any, Any]]) -> None:
+        """The actors of a ``start_many`` that did not all start: none is left running."""
+        import ray
+
+        for _, actor, _ in pending:
             ray.kill(actor)
-            raise ClusterError(
-                f"actor {name} ({describe(_asks(resources))}) did not start within cluster.start_timeout_s="
-                f"{self.cfg.start_timeout_s:g} s (still PENDING, or too slow to load); free now: "
-                f"{describe(ray.available_resources())}"
-            ) from None
-        except ray.exceptions.RayError as error:
-            raise ClusterError(f"actor {name} failed while starting: {_first_line(error)}") from error
-        log.info(
-            "Ray: placed %s on node %s %s (pid %s)", name, where["node"], where["node_id"][:12], where["pid"]
-        )
-        _PLACED[actor._actor_id.hex()] = where
-        warning = priority_warning(name, where)
-        if warning:
-            log.warning(warning)
-        self.actors.setdefault(role, []).append(actor)
-        return actor
 
     def kill(self, role: str) -> None:
         """Kill the actors of ``role`` this driver started (at the end of their stage)."""

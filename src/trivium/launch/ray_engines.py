@@ -180,7 +180,7 @@ class EnginePool:
         _LIVE.clear()
         cluster.check_fits([Request("cluster.engine", cfg.cluster.engine, n)])
         pool_id = next(_POOLS)
-        actors = []
+        named_args = []
         for i in range(n):
             # engine 0: as in-process; auto is resolved here, on the driver's hardware (docs/engines.md)
             args = {"dtype": str(dtype).removeprefix("torch."), "seed": cfg.seed + i}
@@ -197,16 +197,12 @@ class EnginePool:
                     "autocast_dtype": r.autocast_dtype,
                     "in_flight_updates": r.in_flight_updates,
                 }
-            actors.append(
-                cluster.start(
-                    "engine",
-                    EngineActor,
-                    f"{stage}/engines-{pool_id}/{i}",
-                    cfg.cluster.engine,
-                    (policy.config, tokenizer, r.engine_type, args),
-                    max_restarts=cfg.cluster.max_restarts,
-                )
+            named_args.append(
+                (f"{stage}/engines-{pool_id}/{i}", (policy.config, tokenizer, r.engine_type, args))
             )
+        actors = cluster.start_many(
+            "engine", EngineActor, cfg.cluster.engine, named_args, max_restarts=cfg.cluster.max_restarts
+        )
         _LIVE.update(key=key, actors=list(actors))
         pool = cls(cluster.cfg, actors, tokenizer, dtype, meta, version)
         pool.vision = vision

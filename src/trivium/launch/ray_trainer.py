@@ -219,18 +219,13 @@ class RayTrainer(FanOutTrainer):
                 "trainer", f"{stage}/trainer", [bundle] * world, "cluster.trainer_rank"
             )
             names = [f"{stage}/rank-{i}" for i in range(world)]
-            ranks = [
-                cluster.start(
-                    "trainer",
-                    TrainerRankActor,
-                    names[i],
-                    r,
-                    (config_json, i, world, str(config_dir)),
-                    group=group,
-                    bundle=i,
-                )
-                for i in range(world)
-            ]
+            ranks = cluster.start_many(
+                "trainer",
+                TrainerRankActor,
+                r,
+                [(names[i], (config_json, i, world, str(config_dir))) for i in range(world)],
+                group=group,
+            )
             address, port = ray.get(ranks[0].rendezvous.remote())
             ray.get([a.join.remote(address, port) for a in ranks])
             _LIVE.update(key=key, actors=list(ranks), names=list(names))
