@@ -157,6 +157,34 @@ def test_bf16_optimizer_moments_halve_the_estimated_optimizer_state(
     assert bf16.steady == fp32.steady - state / 2
 
 
+def test_gradients_and_activations_are_counted_together_only_where_they_meet(
+    tmp_path, tiny_model_dir, word_problem_dir
+):
+    """A rank's share of a mini-batch in one pass (8 rows, micro 8): the gradients (None after each update)
+    grow as backward frees the activations, so training counts the larger of the two; in 3 passes (micro
+    3) they accumulate beside the next pass's activations, and DDP's buckets keep them: both counted."""
+    facts = {}
+    for label, trainer in {
+        "one pass": {"micro_batch_size": 8},
+        "passes": {"micro_batch_size": 3},
+        "ddp": {"micro_batch_size": 8, "strategy": "ddp", "world_size": 1},
+    }.items():
+        trainer["share_prompts"] = False  # a row a sequence
+        text, (rl, _) = explain(small_config(tmp_path, tiny_model_dir, word_problem_dir, **trainer))
+        facts[label] = (text, rl.shapes, rl.estimate)
+    text, shapes, est = facts["one pass"]
+    t = est.parts["trainer"]
+    assert shapes.rows_per_update == shapes.rows_per_micro == 8 and not shapes.grads_meet_activations
+    assert est.train_transient == max(t["gradients"], t["activations"])
+    assert "the larger of gradients and activations, one pass an update" in text
+    for label in ("passes", "ddp"):
+        text, shapes, est = facts[label]
+        t = est.parts["trainer"]
+        assert shapes.grads_meet_activations, label
+        assert est.train_transient == t["gradients"] + t["activations"], label
+        assert "one pass an update" not in text, label
+
+
 @pytest.mark.slow
 def test_doctor_cli_explains_or_names_the_bad_field(tmp_path, tiny_model_dir, word_problem_dir):
     small_config(tmp_path, tiny_model_dir, word_problem_dir)
@@ -192,8 +220,9 @@ def _quickstart_grpo(tmp_path) -> Path:
 
 
 def _w25m(tmp_path) -> Path:
-    """The 25M model of benchmarks/engines.py (hidden 512, 8 layers, 8 heads / 4 kv, MLP 1536) in one GRPO
-    step on its explained word problems: 8 tasks x 8 samples, <= 128 new tokens, micro-batches of 16."""
+    """The 25M model of benchmarks/engines.py (hidden 512, 8 layers, 8 heads / 4 kv, MLP 1536) in two GRPO
+    steps on its explained word problems: 8 tasks x 2 samples, <= 128 new tokens, one pass of 16 rows an
+    update (the second step's peak holds the optimizer state the first step made)."""
     from trivium.tasks.word_problems import write_word_problems
 
     data = tmp_path / "w25m-data"
@@ -219,8 +248,8 @@ def _w25m(tmp_path) -> Path:
         "explorer": {"rollout": {"max_tokens": 128}, "eval_at_start": False},
         "buffer": {
             "batch_size": 8,
-            "total_steps": 1,
-            "taskset": {"path": str(data / "train.jsonl"), "repeat_times": 8},
+            "total_steps": 2,
+            "taskset": {"path": str(data / "train.jsonl"), "repeat_times": 2},
         },
         "trainer": {"micro_batch_size": 16},
     }
@@ -232,7 +261,7 @@ def _w25m(tmp_path) -> Path:
 @pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.parametrize("make", [_quickstart_grpo, _w25m], ids=["quickstart", "w25m"])
-def test_memory_estimate_within_30_percent_of_measured_peak(tmp_path, make):
+def test_memory_estimate_within_20_percent_of_measured_peak(tmp_path, make):
     from trivium.launch import build
 
     path = make(tmp_path)
@@ -243,7 +272,7 @@ def test_memory_estimate_within_30_percent_of_measured_peak(tmp_path, make):
     estimated = facts.estimate.peak / 2**20
     ratio = estimated / measured["peak_mb"]
     print(f"{path.stem}: estimated {estimated:.0f} MiB, measured {measured}, ratio {ratio:.2f}")
-    assert 0.7 <= ratio <= 1.3, (text, measured)
+    assert 0.8 <= ratio <= 1.2, (text, measured)
 
 
 def test_the_explore_process_of_a_decoupled_run_holds_no_trainer(tmp_path, tiny_model_dir, word_problem_dir):

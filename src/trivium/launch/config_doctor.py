@@ -350,7 +350,7 @@ def _update_lines(cfg, batch: _Batch, total: int, trains: bool) -> tuple[list[st
     lines = [f"  steps        {total} steps ({how}); the data has {batch.rows} {batch.unit}"]
     mini = t.mini_batch_size or batch.experiences
     minis = math.ceil(batch.experiences / mini)
-    per_rank = math.ceil(math.ceil(mini / t.world_size) / batch.per_row)  # rows
+    per_rank = _rows_per_update(cfg, batch)
     # memory: the fullest pass a batch can make. Shorter batches than the longest allow more rows a pass
     # under a token budget, up to about the budget's tokens, so the rows the budget caps at this width
     # (not the evenly spread ones) stand for it.
@@ -381,6 +381,13 @@ def _update_lines(cfg, batch: _Batch, total: int, trains: bool) -> tuple[list[st
         f"{batch.seq} tokens per optimizer step"
     )
     return lines, fullest_rows
+
+
+def _rows_per_update(cfg, batch: _Batch) -> int:
+    """Rows one rank trains between two optimizer steps: its share of a mini-batch."""
+    t = cfg.trainer
+    mini = t.mini_batch_size or batch.experiences
+    return math.ceil(math.ceil(mini / t.world_size) / batch.per_row)
 
 
 def _staleness_lines(cfg) -> list[str]:
@@ -448,6 +455,8 @@ def _shapes(
         moment_bytes=2 if cfg.trainer.optimizer_state_dtype == "bfloat16" else 0,
         shared_rows=batch.per_row > 1,
         recompute=cfg.trainer.gradient_checkpointing,
+        rows_per_update=_rows_per_update(cfg, batch),
+        grads_kept=cfg.trainer.strategy == "ddp",
     )
 
 
@@ -502,11 +511,16 @@ def memory_lines(shape: ModelShape, shapes: Shapes, est: Estimate, cfg) -> list[
             )
         lines.append(f"    {note}: " + ", ".join(f"{k} {mib(v)}" for k, v in parts.items()))
     how = "sampling and training at once" if est.overlap else "the larger of training and sampling"
+    one_pass = (
+        ": the larger of gradients and activations, one pass an update"
+        if "trainer" in est.parts and not shapes.grads_meet_activations
+        else ""
+    )
     lines.append(
         f"    peak       {mib(est.peak)}: weights and optimizer state {mib(est.steady)} + "
         + (f"the steps' heap {mib(est.heap)} + " if est.heap else "")
         + f"{how} "
-        f"(training {mib(est.train_transient)}, sampling {mib(est.rollout_transient)})"
+        f"(training {mib(est.train_transient)}{one_pass}, sampling {mib(est.rollout_transient)})"
     )
     return lines
 

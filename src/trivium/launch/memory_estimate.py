@@ -16,8 +16,10 @@ Every figure is bytes of tensors, counted from shapes and dtypes (docs/observabi
   it samples from the trainer's own tensors, ``build.why_rollout_copies_weights``, in the weights' dtype), the KV
   cache of every sequence in flight at its longest (2 x layers x kv width x tokens), and the prefill's
   activations (one layer's MLP at a time, logits of the last position only);
-- the run's peak: weights and optimizer state stay for the whole step; training (activations and gradients)
-  and sampling (KV cache) alternate (``synchronizer.sync_offset`` 0), so the peak holds the larger of the two.
+- the run's peak: weights and optimizer state stay for the whole step; training (activations and gradients:
+  both where a step's passes accumulate gradients, the larger of the two where one pass makes an update,
+  ``Shapes.grads_meet_activations``) and sampling (KV cache) alternate (``synchronizer.sync_offset`` 0), so
+  the peak holds the larger of the two.
   With ``sync_offset`` > 0 the explorer samples while the trainer trains, and the peak holds both.
 
 The per-token activation count of a decoder layer (Qwen2/Llama, autograd's saved tensors) is, in vectors:
@@ -100,6 +102,18 @@ class Shapes:
     moment_bytes: int = 0  # bytes of each of AdamW's two moments a parameter; 0: the weights' (bf16: 2)
     shared_rows: bool = False  # rows of a group's samples with their prompt once (trainer.share_prompts)
     recompute: bool = False  # decoder layers recompute their activations in backward (gradient_checkpointing)
+    rows_per_update: int = (
+        0  # rows a rank trains between two optimizer steps (its mini-batch share); 0: unknown
+    )
+    grads_kept: bool = False  # the gradients live outside the passes too (DDP's buckets)
+
+    @property
+    def grads_meet_activations(self) -> bool:
+        """Whether a pass's activations share the process with the whole gradients: several passes an
+        optimizer step accumulate into them, and DDP's buckets keep them. With one pass an update (the
+        optimizer sets them to None after each step), the gradients grow as backward frees the activations
+        layer by layer, so the pass holds about the larger of the two, not both."""
+        return self.grads_kept or not self.rows_per_update or self.rows_per_update > self.rows_per_micro
 
 
 @dataclass
@@ -167,7 +181,10 @@ def estimate(
     critic_grads = shape.params * wb if s.critic else 0.0
     out.steady = trainer["weights"] + trainer["optimizer state"] + trainer.get("critic", 0.0) - critic_grads
     out.heap = trainer["step heap"]
-    out.train_transient = trainer["gradients"] + trainer["activations"] + critic_grads
+    if s.grads_meet_activations:
+        out.train_transient = trainer["gradients"] + trainer["activations"] + critic_grads
+    else:
+        out.train_transient = max(trainer["gradients"] + critic_grads, trainer["activations"])
     if s.rollout_engine:
         kv = s.in_flight * shape.layers * 2 * shape.kv_width * s.rollout_seq * rb
         # the prefill: one layer's hidden states and MLP at a time, for every sequence (logits: last only)
