@@ -7,7 +7,7 @@ final weights.
 TRIVIUM_PARITY_DEVICE=cuda runs rank r on cuda:r with NCCL (scripts/gpu_scale_check.sh);
 TRIVIUM_PARITY_PRECISION (default fp32) sets trainer.precision; TRIVIUM_PARITY_COMPILE=1 turns trainer.compile
 on and TRIVIUM_PARITY_STATE_DTYPE sets trainer.optimizer_state_dtype (checks by hand: the compiled layers under
-ddp and fsdp2, bf16 moments under ddp).
+ddp and fsdp2, bf16 moments under ddp); TRIVIUM_PARITY_RECOMPUTE=1 turns trainer.gradient_checkpointing on.
 """
 
 import datetime
@@ -22,6 +22,7 @@ from trivium.config.schema import AlgorithmConfig, KLLossConfig, LoraConfig, Tra
 from trivium.launch.ranks import end_rank_process, leave_process_group
 from trivium.models import lora
 from trivium.trainer.parallel import make_parallel
+from trivium.trainer.recompute import recomputes
 from trivium.trainer.spec import AlgorithmSpec
 from trivium.trainer.trainer import Trainer
 from trivium.types import Experience
@@ -102,6 +103,7 @@ def main(model_dir, out, strategy, rank, world, init, use_lora=""):
                 precision=os.environ.get("TRIVIUM_PARITY_PRECISION", "fp32"),
                 compile=os.environ.get("TRIVIUM_PARITY_COMPILE") == "1",
                 optimizer_state_dtype=os.environ.get("TRIVIUM_PARITY_STATE_DTYPE", "float32"),
+                gradient_checkpointing=os.environ.get("TRIVIUM_PARITY_RECOMPUTE") == "1",
                 **settings,
             ),
             spec,
@@ -118,7 +120,7 @@ def main(model_dir, out, strategy, rank, world, init, use_lora=""):
             m = trainer.train_step(data)
             steps.append({k: m[k] for k in ("train/loss", "train/grad_norm", "loss/policy")})
         weights = {k: v.cpu() for k, v in trainer.export_weights().items()}
-        results[name] = {"steps": steps, "weights": weights}
+        results[name] = {"steps": steps, "weights": weights, "recomputes": recomputes(model)}
     if rank == 0:
         torch.save(results, out)
     del trainer, model, ref  # garbage for leave_process_group's collection, as in a real rank's exit
