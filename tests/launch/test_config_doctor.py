@@ -161,8 +161,11 @@ def test_gradients_and_activations_are_counted_together_only_where_they_meet(
     tmp_path, tiny_model_dir, word_problem_dir
 ):
     """A rank's share of a mini-batch in one pass (8 rows, micro 8): the gradients (None after each update)
-    grow as backward frees the activations, so training counts the larger of the two; in 3 passes (micro
-    3) they accumulate beside the next pass's activations, and DDP's buckets keep them: both counted."""
+    grow as backward frees the activations, so training counts the larger of the gradients and the
+    activations with the head's gradient (backward's first); in 3 passes (micro 3) they accumulate beside
+    the next pass's activations, and DDP's buckets keep them: both counted."""
+    from trivium.launch.config_doctor import model_and_tokenizer
+
     facts = {}
     for label, trainer in {
         "one pass": {"micro_batch_size": 8},
@@ -175,8 +178,10 @@ def test_gradients_and_activations_are_counted_together_only_where_they_meet(
     text, shapes, est = facts["one pass"]
     t = est.parts["trainer"]
     assert shapes.rows_per_update == shapes.rows_per_micro == 8 and not shapes.grads_meet_activations
-    assert est.train_transient == max(t["gradients"], t["activations"])
-    assert "the larger of gradients and activations, one pass an update" in text
+    shape = model_and_tokenizer(small_config(tmp_path, tiny_model_dir, word_problem_dir).stages[0].config)[0]
+    head_grad = shape.vocab * shape.hidden * 4
+    assert est.train_transient == max(t["gradients"], t["activations"] + head_grad)
+    assert "the larger of gradients and activations with the head's gradient, one pass an update" in text
     for label in ("passes", "ddp"):
         text, shapes, est = facts[label]
         t = est.parts["trainer"]

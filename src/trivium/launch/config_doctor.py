@@ -512,7 +512,7 @@ def memory_lines(shape: ModelShape, shapes: Shapes, est: Estimate, cfg) -> list[
         lines.append(f"    {note}: " + ", ".join(f"{k} {mib(v)}" for k, v in parts.items()))
     how = "sampling and training at once" if est.overlap else "the larger of training and sampling"
     one_pass = (
-        ": the larger of gradients and activations, one pass an update"
+        ": the larger of gradients and activations with the head's gradient, one pass an update"
         if "trainer" in est.parts and not shapes.grads_meet_activations
         else ""
     )

@@ -17,9 +17,9 @@ Every figure is bytes of tensors, counted from shapes and dtypes (docs/observabi
   cache of every sequence in flight at its longest (2 x layers x kv width x tokens), and the prefill's
   activations (one layer's MLP at a time, logits of the last position only);
 - the run's peak: weights and optimizer state stay for the whole step; training (activations and gradients:
-  both where a step's passes accumulate gradients, the larger of the two where one pass makes an update,
-  ``Shapes.grads_meet_activations``) and sampling (KV cache) alternate (``synchronizer.sync_offset`` 0), so
-  the peak holds the larger of the two.
+  both where a step's passes accumulate gradients; where one pass makes an update, the larger of the
+  gradients and the activations with the head's gradient, ``Shapes.grads_meet_activations``) and sampling
+  (KV cache) alternate (``synchronizer.sync_offset`` 0), so the peak holds the larger of the two.
   With ``sync_offset`` > 0 the explorer samples while the trainer trains, and the peak holds both.
 
 The per-token activation count of a decoder layer (Qwen2/Llama, autograd's saved tensors) is, in vectors:
@@ -112,7 +112,8 @@ class Shapes:
         """Whether a pass's activations share the process with the whole gradients: several passes an
         optimizer step accumulate into them, and DDP's buckets keep them. With one pass an update (the
         optimizer sets them to None after each step), the gradients grow as backward frees the activations
-        layer by layer, so the pass holds about the larger of the two, not both."""
+        layer by layer, so the pass holds the larger of the whole gradients and the activations with the
+        head's gradient (backward's first), not both."""
         return self.grads_kept or not self.rows_per_update or self.rows_per_update > self.rows_per_micro
 
 
@@ -183,8 +184,9 @@ def estimate(
     out.heap = trainer["step heap"]
     if s.grads_meet_activations:
         out.train_transient = trainer["gradients"] + trainer["activations"] + critic_grads
-    else:
-        out.train_transient = max(trainer["gradients"] + critic_grads, trainer["activations"])
+    else:  # backward starts at the head: its weights' gradient is made while every activation is still held
+        head_grad = shape.vocab * shape.hidden * wb / shards if s.trainable >= shape.params else 0.0
+        out.train_transient = max(trainer["gradients"] + critic_grads, trainer["activations"] + head_grad)
     if s.rollout_engine:
         kv = s.in_flight * shape.layers * 2 * shape.kv_width * s.rollout_seq * rb
         # the prefill: one layer's hidden states and MLP at a time, for every sequence (logits: last only)
