@@ -130,7 +130,7 @@ def check(status: int, kind: str, payload: bytes) -> None:
     assert named, error
 
 
-@both_suites(fast=250, slow=2500)
+@both_suites(fast=250, slow=1500)
 def test_fuzzed_request_bodies(server, examples):
     client = Client(server.port)
 

@@ -124,7 +124,7 @@ def check(raw, folder):
             assert p.path
 
 
-@both_suites(fast=250, slow=2500)
+@both_suites(fast=250, slow=1500)
 def test_mutated_configs_are_accepted_or_named(folder, examples):
     @fuzz_settings(examples, derandomize=examples < 1000)
     @given(mutated_configs())
