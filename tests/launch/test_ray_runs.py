@@ -160,9 +160,14 @@ def test_partial_rollouts_on_ray_engines_take_the_driver_s_weights_mid_generatio
     cfg["synchronizer"] = {"sync_offset": 1}
     cfg["explorer"]["rollout"] = {
         **cfg["explorer"].get("rollout", {}),
-        "max_tokens": 192,  # sampling well over a train step plus the push (64 raced it under load)
+        "max_tokens": 400,  # (the tiny model's 512 positions) decoding takes a fixed time a token, ...
         "in_flight_updates": True,
     }
+    # ... and training a time a token: 2 tasks x 4 samples make sampling last ~10x a train step plus the push
+    # (64 sequences of 192 tokens sampled in ~0.5 s and trained in ~0.4: under a loaded suite no push came
+    # mid-batch in 6 steps, twice)
+    cfg["stages"][1]["buffer"]["batch_size"] = 2
+    cfg["stages"][1]["buffer"]["taskset"]["repeat_times"] = 4
     path.write_text(yaml.safe_dump(cfg))
     result = run(path)
     assert result.returncode == 0, result.stderr[-3000:]
