@@ -16,8 +16,8 @@ trainer runs its model in eval mode (no dropout: the training pass's log-probs a
 wrapped ``forward`` is bound to the layer as an instance attribute: the module tree, the parameter names
 and so the checkpoints stay exactly as they are, a deep copy (a reference model) binds its own, and
 ``trainer.compile`` traces it (torch compiles the checkpointed region as one). DDP and FSDP2 wrap the
-layer's call around it, as torchtitan wraps its checkpointed blocks (tested on two FSDP2 ranks with LoRA
-against one rank without it: tests/trainer/test_parallel_parity.py; not on DDP ranks). Passes without
+layer's call around it, as torchtitan wraps its checkpointed blocks (tested on two DDP and on two FSDP2
+ranks with LoRA against one rank without it: tests/trainer/test_parallel_parity.py). Passes without
 gradients (old, reference, teacher log-probs) call the layer directly.
 Dropout draws the same masks in the recomputation (checkpoint restores the RNG state), and autocast and
 bf16's emulation hold there as in the forward, so the gradients are the same as without it (tested).
