@@ -110,6 +110,9 @@ def test_one_engine_and_one_rank_on_ray_equal_the_local_backend(e2e, tmp_path, r
     on_ray = run(config(e2e, tmp_path, "ray", ray_cluster_cfg()))
     assert on_ray.returncode == 0, on_ray.stderr[-3000:]
     assert "Ray: joined the cluster" in on_ray.stderr and "Ray: placed sft/rank-0 on node" in on_ray.stderr
+    # the rank actor was launched first: it loaded while the engine and the explorer started
+    launched = on_ray.stderr.find("Ray: 1 trainer rank actor(s) of stage sft launched")
+    assert 0 <= launched < on_ray.stderr.find("Ray: placed ray/engines-"), on_ray.stderr[-3000:]
     # GRPO trains on the SFT stage's rank actor (its trainer rebuilt there: the records below equal local's)
     assert "Ray: this stage trains on the 1 rank actor(s) of the stage before (sft/rank-0)" in on_ray.stderr
     assert "rank-0" not in on_ray.stderr.replace("sft/rank-0", "")  # no rank actor started for GRPO
@@ -248,6 +251,13 @@ try:
     cluster.start_many("u", Slow, need, [("fine", (False,)), ("broken", (True,)), ("late", (False,))])
 except ClusterError as error:
     print("error", error)
+print("kept", len(cluster.actors.get("u", [])))
+# a role launched ahead loads while another role starts: waiting for both takes about one start, not two
+t0 = time.monotonic()
+ahead = cluster.launch_many("v", Slow, need, [("ahead", (False,))])
+cluster.start_many("w", Slow, need, [("now", (False,))])
+ahead.wait()
+print("overlapped", round(time.monotonic() - t0, 1))
 
 
 def alive(name):
@@ -271,7 +281,9 @@ print("alive", [n for n in names if alive(n)])
 def test_actors_of_a_role_start_together_and_all_or_none(ray_cluster, tmp_path):
     """``RayCluster.start_many``: three actors whose constructors take 5 s each are all ready well before
     the 15 s that starting them one after another takes (their processes start side by side); when one of
-    a batch fails while starting, the error names it and none of that batch is left running."""
+    a batch fails while starting, the error names it and none of that batch is left running, or counted
+    among the role's actors. ``launch_many``: an actor launched ahead loads while another role's start is
+    waited for."""
     script = tmp_path / "start_many.py"
     script.write_text(START_MANY)
     done = subprocess.run(
@@ -285,6 +297,8 @@ def test_actors_of_a_role_start_together_and_all_or_none(ray_cluster, tmp_path):
         lines["error"].startswith("actor broken failed while starting: ") and "cannot start" in lines["error"]
     )
     assert lines["alive"] == "['ok-0', 'ok-1', 'ok-2']", lines
+    assert lines["kept"] == "0", lines
+    assert float(lines["overlapped"]) < 9, lines  # one after the other: over 10 s
 
 
 @pytest.mark.integration

@@ -1,7 +1,8 @@
 """Where a run's roles run (``cluster.backend``), behind one seam, so that no caller tests a backend's name.
 
 ``Placement`` is what the driver asks of a backend: open before the first stage (and check that every
-stage's actors fit), a stage's rollout engines, the explorer of a task set, a stage's trainer, whether one
+stage's actors fit), a stage's rollout engines, the explorer of a task set, a stage's trainer (its processes
+launched first, so that they load while the rest starts), whether one
 process holds the whole model (trajectory records need it), what ends with a stage, and close at the end.
 ``local`` (here) runs everything in this process and the rank processes it starts (``ranks.py``); ``ray``
 (``ray_placement.py``) places engines, explorer and trainer ranks as Ray actors. ``PLACEMENTS`` holds them
@@ -57,6 +58,11 @@ class Placement(Protocol):
     ) -> ExplorerHandle:
         """The explorer of ``taskset`` sampling from ``model`` (an evaluation-only one without a task set)."""
 
+    def launch_trainer(self, stage, config_dir: Path) -> None:
+        """Start the processes of ``stage``'s trainer ahead, without waiting for them, where they are
+        processes of their own: they load while the rollout engines and the explorer start, and ``trainer``
+        waits for them. Called first thing in a stage that trains; a no-op where there is nothing to start."""
+
     def trainer(self, stage, run_dir: Path, state, total: int) -> contextlib.AbstractContextManager:
         """The stage's trainer over ``state.model``, stopped when the stage ends."""
 
@@ -109,6 +115,9 @@ class LocalPlacement:
 
     def explorer(self, cfg, state, model, taskset=None, queue=None, failure_log: Path | None = None) -> Any:
         return build.make_explorer(cfg, state, taskset, queue, failure_log, model=model)
+
+    def launch_trainer(self, stage, config_dir: Path) -> None:
+        pass  # rank processes start in trainer(): FSDP2 shards the model in place after the explorer copied it
 
     @contextlib.contextmanager
     def trainer(self, stage, run_dir: Path, state, total: int) -> Iterator[Any]:

@@ -66,6 +66,8 @@ class RayCluster:
     actors: dict[str, list[Any]] = field(default_factory=dict)
     groups: dict[str, list[Any]] = field(default_factory=dict)  # placement groups, by role
     held: dict[str, list[Any]] = field(default_factory=dict)  # restartable actors' arguments, by role
+    # actors created ahead of their use and not waited for yet, by role: {role: (what they are, Launch)}
+    launched: dict[str, tuple[Any, Launch]] = field(default_factory=dict)
     explained_restart_line: bool = False
 
     @classmethod
@@ -184,6 +186,21 @@ class RayCluster:
         about the time of one where the cluster has the cores), and wait until every one answers ``ready()``
         within one ``cluster.start_timeout_s``; their handles, in order. ``group``: actor i in bundle i of
         that placement group. When one does not start, none is kept: the error names the first that failed."""
+        return self.launch_many(
+            role,
+            cls,
+            resources,
+            named_args,
+            group=group,
+            max_restarts=max_restarts,
+            on_this_node=on_this_node,
+        ).wait()
+
+    def launch_many(self, role: str, cls: type, resources, named_args: Sequence[tuple[str, Sequence[Any]]], *,
+                    group=None, max_restarts: int = 0, on_this_node: bool = False) -> Launch:  # fmt: skip
+        """``start_many`` without the wait: the actors are created (their processes start, import and build
+        while this process goes on) and ``Launch.wait()`` waits for them. ``cluster.start_timeout_s`` counts
+        from here. Until then they are this role's actors already: ``kill(role)`` and ``close()`` stop them."""
         import ray
         from ray.util.scheduling_strategies import (
             NodeAffinitySchedulingStrategy,
@@ -221,51 +238,15 @@ class RayCluster:
         if max_restarts > 0 and not self.explained_restart_line:  # after Ray's line
             self.explained_restart_line = True
             log.info(RESTART_LINE_EXPLAINED)
-        deadline = time.monotonic() + self.cfg.start_timeout_s
-        placed_at = []
-        for name, _, ready in pending:
-            try:
-                placed_at.append(ray.get(ready, timeout=max(0.0, deadline - time.monotonic())))
-            except ray.exceptions.GetTimeoutError:
-                self._kill_all(pending)
-                raise ClusterError(
-                    f"actor {name} ({describe(_asks(resources))}) did not start within cluster.start_timeout_s="
-                    f"{self.cfg.start_timeout_s:g} s (still PENDING, or too slow to load); free now: "
-                    f"{describe(ray.available_resources())}"
-                ) from None
-            except ray.exceptions.RayError as error:
-                self._kill_all(pending)
-                raise ClusterError(f"actor {name} failed while starting: {_first_line(error)}") from error
-        actors = []
-        for (name, actor, _), where in zip(pending, placed_at, strict=True):
-            log.info(
-                "Ray: placed %s on node %s %s (pid %s)",
-                name,
-                where["node"],
-                where["node_id"][:12],
-                where["pid"],
-            )
-            _PLACED[actor._actor_id.hex()] = where
-            warning = priority_warning(name, where)
-            if warning:
-                log.warning(warning)
-            actors.append(actor)
-        self.actors.setdefault(role, []).extend(actors)
-        return actors
-
-    @staticmethod
-    def _kill_all(pending: list[tuple[str, Any, Any]]) -> None:
-        """The actors of a ``start_many`` that did not all start: none is left running."""
-        import ray
-
-        for _, actor, _ in pending:
-            ray.kill(actor)
+        self.actors.setdefault(role, []).extend(actor for _, actor, _ in pending)
+        return Launch(self, role, resources, pending, time.monotonic() + self.cfg.start_timeout_s)
 
     def kill(self, role: str) -> None:
         """Kill the actors of ``role`` this driver started (at the end of their stage)."""
         import ray
         from ray.util.placement_group import remove_placement_group
 
+        self.launched.pop(role, None)
         for actor in self.actors.pop(role, []):
             ray.kill(actor)
         for group in self.groups.pop(role, []):
@@ -282,6 +263,63 @@ class RayCluster:
             ray.shutdown()
         _PLACED.clear()
         _CURRENT = None
+
+
+@dataclass
+class Launch:
+    """Actors of one ``RayCluster.launch_many``, created and not waited for yet."""
+
+    cluster: RayCluster
+    role: str
+    resources: Any  # the cluster section they asked with (``ActorResources``)
+    pending: list[tuple[str, Any, Any]]  # (name, actor, its ready() reference)
+    deadline: float  # time.monotonic() by which each must answer ready()
+
+    def wait(self) -> list[Any]:
+        """Wait until every actor answers ``ready()`` (by the deadline: ``cluster.start_timeout_s`` from the
+        launch), log where each landed, and return their handles in order. When one does not start, every
+        one is killed and ``ClusterError`` names the first that failed."""
+        import ray
+
+        placed_at = []
+        for name, _, ready in self.pending:
+            try:
+                placed_at.append(ray.get(ready, timeout=max(0.0, self.deadline - time.monotonic())))
+            except ray.exceptions.GetTimeoutError:
+                self._kill_all()
+                raise ClusterError(
+                    f"actor {name} ({describe(_asks(self.resources))}) did not start within "
+                    f"cluster.start_timeout_s={self.cluster.cfg.start_timeout_s:g} s (still PENDING, or too slow "
+                    f"to load); free now: {describe(ray.available_resources())}"
+                ) from None
+            except ray.exceptions.RayError as error:
+                self._kill_all()
+                raise ClusterError(f"actor {name} failed while starting: {_first_line(error)}") from error
+        actors = []
+        for (name, actor, _), where in zip(self.pending, placed_at, strict=True):
+            log.info(
+                "Ray: placed %s on node %s %s (pid %s)",
+                name,
+                where["node"],
+                where["node_id"][:12],
+                where["pid"],
+            )
+            _PLACED[actor._actor_id.hex()] = where
+            warning = priority_warning(name, where)
+            if warning:
+                log.warning(warning)
+            actors.append(actor)
+        return actors
+
+    def _kill_all(self) -> None:
+        """The actors of a launch that did not all start: none is left running, or left among the role's."""
+        import ray
+
+        mine = {id(actor) for _, actor, _ in self.pending}
+        for _, actor, _ in self.pending:
+            ray.kill(actor)
+        kept = [a for a in self.cluster.actors.get(self.role, []) if id(a) not in mine]
+        self.cluster.actors[self.role] = kept
 
 
 @functools.cache

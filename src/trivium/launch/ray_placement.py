@@ -46,10 +46,17 @@ class RayPlacement:
             RayCluster.current(), cfg, model, queue, log_path, state.config_dir, cfg.name
         )
 
+    def launch_trainer(self, stage, config_dir: Path) -> None:
+        """The rank actors, created now and waited for in ``trainer`` (``ray_trainer.launch_ranks``): a run's
+        start takes the longest of the engines, the explorer and the ranks, not their sum."""
+        from trivium.launch.ray_trainer import launch_ranks
+
+        launch_ranks(RayCluster.current(), stage.config, stage.name, config_dir)
+
     @contextlib.contextmanager
     def trainer(self, stage, run_dir: Path, state, total: int) -> Iterator[Any]:
-        """``trainer.world_size`` rank actors; the next stage starts from a plain (unsharded) model: the
-        stage's last checkpoint."""
+        """``trainer.world_size`` rank actors (launched with ``launch_trainer``, or here); the next stage starts
+        from a plain (unsharded) model: the stage's last checkpoint."""
         from trivium.launch.ray_trainer import RayTrainer
 
         cfg = stage.config

@@ -39,7 +39,7 @@ from trivium.trainer.parallel import STRATEGIES, make_parallel
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RayTrainer", "TrainerRankActor", "ranks_spec"]
+__all__ = ["RayTrainer", "TrainerRankActor", "launch_ranks", "ranks_spec"]
 
 # the rank actors kept for the next stage: {"key": their ranks_spec, "actors": [...], "names": [...]}
 _LIVE: dict[str, Any] = {}
@@ -198,11 +198,10 @@ class RayTrainer(FanOutTrainer):
         from trivium.models import lora
         from trivium.trainer.spec import AlgorithmSpec
 
-        world, r = cfg.trainer.world_size, cfg.cluster.trainer_rank
+        world = cfg.trainer.world_size
         config_json = cfg.model_dump_json()
-        key, live = ranks_spec(cfg), cluster.actors.get("trainer", [])
-        if live and _LIVE.get("key") == key and _LIVE.get("actors") == live:
-            ranks, names = list(live), list(_LIVE["names"])
+        if _kept(cluster, cfg):
+            ranks, names = list(_LIVE["actors"]), list(_LIVE["names"])
             log.info(
                 "Ray: this stage trains on the %d rank actor(s) of the stage before (%s)",
                 world,
@@ -210,25 +209,12 @@ class RayTrainer(FanOutTrainer):
             )
             ray.get([a.configure.remote(config_json) for a in ranks])
         else:
-            cluster.kill("trainer")  # others kept for a stage like the one before: not like this one
-            _LIVE.clear()
-            cluster.check_fits([Request("cluster.trainer_rank", r, world)])
-            # the rank's whole request (memory, custom resources), or its actor would not fit its bundle
-            bundle = {"CPU": r.num_cpus, **Request("", r, 1).amounts()}
-            group = cluster.placement_group(
-                "trainer", f"{stage}/trainer", [bundle] * world, "cluster.trainer_rank"
-            )
-            names = [f"{stage}/rank-{i}" for i in range(world)]
-            ranks = cluster.start_many(
-                "trainer",
-                TrainerRankActor,
-                r,
-                [(names[i], (config_json, i, world, str(config_dir))) for i in range(world)],
-                group=group,
-            )
+            launch_ranks(cluster, cfg, stage, config_dir)  # unless launched already (the stage began so)
+            (what, launch) = cluster.launched.pop("trainer")
+            ranks, names = launch.wait(), [name for name, _, _ in launch.pending]
             address, port = ray.get(ranks[0].rendezvous.remote())
             ray.get([a.join.remote(address, port) for a in ranks])
-            _LIVE.update(key=key, actors=list(ranks), names=list(names))
+            _LIVE.update(key=what[1], actors=list(ranks), names=list(names))
         blueprint = {
             "config": lora.base_model(model).config,
             "lora": model.peft_config[lora.ADAPTER] if lora.is_peft(model) else None,
@@ -345,9 +331,39 @@ class RayTrainer(FanOutTrainer):
 
 
 def kill_ranks(cluster: RayCluster) -> None:
-    """Kill the rank actors (and their placement group), kept or not."""
+    """Kill the rank actors (and their placement group), kept, launched or started."""
     cluster.kill("trainer")
     _LIVE.clear()
+
+
+def _kept(cluster: RayCluster, cfg) -> bool:
+    """Whether the rank actors of the stage before are alive and like this stage's (``ranks_spec``)."""
+    live = cluster.actors.get("trainer", [])
+    return bool(live) and _LIVE.get("key") == ranks_spec(cfg) and _LIVE.get("actors") == live
+
+
+def launch_ranks(cluster: RayCluster, cfg, stage: str, config_dir: Path) -> None:
+    """Create stage ``stage``'s ``trainer.world_size`` rank actors without waiting for them: their processes
+    import torch and the package while the driver starts the rollout engines and the explorer, and
+    ``RayTrainer.start`` waits for them (``cluster.start_timeout_s`` counts from here). Nothing to do where
+    the ranks of the stage before are kept for this one, or where this stage's are launched already."""
+    key = (stage, ranks_spec(cfg))
+    if _kept(cluster, cfg) or cluster.launched.get("trainer", (None,))[0] == key:
+        return
+    world, r = cfg.trainer.world_size, cfg.cluster.trainer_rank
+    cluster.kill("trainer")  # others kept for a stage like the one before: not like this one
+    _LIVE.clear()
+    cluster.check_fits([Request("cluster.trainer_rank", r, world)])
+    # the rank's whole request (memory, custom resources), or its actor would not fit its bundle
+    bundle = {"CPU": r.num_cpus, **Request("", r, 1).amounts()}
+    group = cluster.placement_group("trainer", f"{stage}/trainer", [bundle] * world, "cluster.trainer_rank")
+    config_json = cfg.model_dump_json()
+    named_args = [(f"{stage}/rank-{i}", (config_json, i, world, str(config_dir))) for i in range(world)]
+    launch = cluster.launch_many("trainer", TrainerRankActor, r, named_args, group=group)
+    cluster.launched["trainer"] = (key, launch)
+    log.info(
+        "Ray: %d trainer rank actor(s) of stage %s launched; they load while the rest starts", world, stage
+    )
 
 
 RANK_SETTLE_S = 10.0  # how long a failed collective waits for the other ranks' calls to end, to name the dead

@@ -41,6 +41,7 @@ def online_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: RunS
     if done >= total:
         return
     state.model = lora.prepare(state.model, cfg.model.lora)
+    placement_of(cfg).launch_trainer(stage, state.config_dir)  # loads while the explorer starts
     experiences = _experience_source(cfg, run_dir, state, per_step)
     explorer = start_explorer(cfg, state, taskset, experiences.feed, run_dir / "failures.jsonl")
     with placement_of(cfg).trainer(
@@ -152,6 +153,8 @@ def dataset_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: Run
     if isinstance(data, SftReader):
         data.vision = build.vision_processor(cfg, state.model)  # rows with images (a vision-language model)
     state.model = lora.prepare(state.model, cfg.model.lora)
+    if cfg.buffer.eval_tasksets:
+        placement_of(cfg).launch_trainer(stage, state.config_dir)  # loads while the explorer starts
     explorer = start_explorer(cfg, state) if cfg.buffer.eval_tasksets else None
     eval_sync = None if explorer is None else MemorySync(explorer.model, cfg.synchronizer.verify_checksum)
     source = DatasetSource(data, cfg.buffer.batch_size)
