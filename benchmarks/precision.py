@@ -212,6 +212,23 @@ def redo_stage(precision: str, seed: int, stage: str) -> bool:
     return True
 
 
+def hardware() -> str:
+    """Whether this machine multiplies bf16 natively (the runs' bf16 numbers are then native bf16's) or
+    through the emulation, and its CPU (the report is read on another machine)."""
+    import torch
+
+    from trivium.models.bf16 import native_bf16
+
+    native, why = native_bf16(torch.device("cpu"))
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        cpuinfo = []
+    model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "?")
+    how = "native" if native else "emulated (trivium/models/bf16.py: bf16 numerics at fp32 speed)"
+    return f"{how}: {why}; CPU {model}, {os.cpu_count()} cores"
+
+
 def report(precisions: list[str], seeds: list[int], min_gain: float, max_gap: float, name: str) -> int:
     runs = [r for p in precisions for s in seeds if (r := read_run(p, s)) is not None]
     missing = [(p, s) for p in precisions for s in seeds if read_run(p, s) is None]
@@ -248,7 +265,13 @@ def report(precisions: list[str], seeds: list[int], min_gain: float, max_gap: fl
     verdicts.append(f"every run gains >= {100 * min_gain:+.0f} points: " + ("yes" if not bad else
                     "NO (" + ", ".join(f"{r['precision']} seed {r['seed']} {100 * r['gain']:+.1f}" for r in bad) + ")"))  # fmt: skip
     gaps = []
-    for variant, baseline in (("bf16", "fp32"), ("bf16-rollouts", "bf16"), ("bf16-rollouts-is", "bf16")):
+    pairs = (
+        ("bf16", "fp32"),
+        ("bf16-rollouts", "bf16"),
+        ("bf16-rollouts-is", "bf16"),
+        ("bf16-rollouts-is", "fp32"),
+    )
+    for variant, baseline in pairs:
         if variant in summary and baseline in summary:
             gap = summary[variant]["mean_gain"] - summary[baseline]["mean_gain"]
             gaps.append(gap)
@@ -259,6 +282,7 @@ def report(precisions: list[str], seeds: list[int], min_gain: float, max_gap: fl
     if missing:
         verdicts.append("missing or unfinished runs: " + ", ".join(f"{p} seed {s}" for p, s in missing))
     chosen = sorted({r["trainer_precision"] for r in runs if r["trainer_precision"]})
+    verdicts.append(f"bf16 here: {hardware()}")
     text = "\n".join(lines + [""] + [f"- {v}" for v in verdicts] + [f"- trainer log: {c}" for c in chosen])
     print(text)
     RESULTS.mkdir(parents=True, exist_ok=True)
