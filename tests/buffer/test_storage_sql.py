@@ -303,3 +303,48 @@ def test_a_sqlite_path_that_cannot_be_created_is_explained(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(StorageError, match=r"file/run/buffer.db: cannot create its folder"):
         SqlStorage(tmp_path / "file" / "run" / "buffer.db")
+
+
+def _open_at(path, start, results):
+    """Open ``path`` through the storage's engine at ``start`` (the URL and the engine made before, so
+    that the processes' first connections meet) and create a table there."""
+    import time
+
+    from trivium.buffer.sql_engine import create_engine, parse_url
+
+    url = parse_url(path)
+    engine = create_engine(url, str(path))
+    while time.time() < start:
+        pass
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("CREATE TABLE IF NOT EXISTS opened (pid INTEGER)")
+            conn.exec_driver_sql(f"INSERT INTO opened VALUES ({os.getpid()})")
+        results.put("ok")
+    except Exception as error:  # reported to the test, which names it
+        results.put(f"{type(error).__name__}: {error}")
+
+
+def test_processes_opening_a_new_sqlite_file_at_once_all_open_it(tmp_path):
+    """An explore and a train process started together open a buffer file that does not exist yet: switching
+    it to the write-ahead log takes a lock SQLite does not wait for, and one of them failed at once with
+    "database is locked" (4 processes at once: 6 trials in 20 before the switch was retried)."""
+    import multiprocessing
+    import sqlite3
+    import time
+
+    fork = multiprocessing.get_context("fork")
+    for trial in range(12):
+        path = tmp_path / f"buffer{trial}.sqlite"
+        results = fork.Queue()
+        start = time.time() + 0.15  # the forks are up in ~50 ms
+        procs = [fork.Process(target=_open_at, args=(path, start, results)) for _ in range(4)]
+        for p in procs:
+            p.start()
+        outcomes = [results.get(timeout=120) for _ in procs]
+        for p in procs:
+            p.join(timeout=60)
+        assert outcomes == ["ok"] * 4, (trial, outcomes)
+        with sqlite3.connect(path) as db:
+            assert db.execute("SELECT count(*) FROM opened").fetchone() == (4,)
+            assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)

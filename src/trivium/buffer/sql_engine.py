@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import re
+import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -106,9 +108,30 @@ def create_engine(url: sa.URL, where: str) -> sa.Engine:
 def _sqlite_on_connect(dbapi_conn: Any, _record: Any) -> None:
     dbapi_conn.isolation_level = None  # the driver must not BEGIN on its own: _sqlite_on_begin does
     cursor = dbapi_conn.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
+    _write_ahead_log(cursor)
     cursor.execute("PRAGMA synchronous=FULL")
     cursor.close()
+
+
+def _write_ahead_log(cursor: Any) -> None:
+    """``journal_mode=WAL``, tried again while another process holds a lock on the file, for up to
+    ``SQLITE_BUSY_TIMEOUT_S``. SQLite does not wait (its busy timeout) for the lock that switching the
+    journal mode takes: two processes opening a new buffer file at the same instant (an explore and a train
+    process started together, as the README's decoupled example does) made one of them fail at once with
+    "database is locked" (4 processes at once: 6 trials in 20). The mode is kept in the file, so only the
+    first connections to a new file ever switch it."""
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+    pause = 0.01
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as error:
+            busy = "locked" in str(error) or "busy" in str(error)
+            if not busy or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(2 * pause, 0.5)
 
 
 def _sqlite_on_begin(conn: sa.Connection) -> None:
