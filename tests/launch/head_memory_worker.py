@@ -1,9 +1,10 @@
-"""One GRPO train step of a 2-layer model at a real vocabulary, and what it added to resident memory:
+"""GRPO train steps of a 2-layer model at a real vocabulary, and what they added to resident memory:
 ``python tests/launch/head_memory_worker.py VOCAB PROMPT RESPONSE ROWS`` prints one JSON line (MiB).
 
-The growth is measured as ``VmHWM`` after the step minus ``VmRSS`` before it, with the kernel's mark reset
-just before (``/proc/self/clear_refs``): the step's gradients, AdamW's moments (made at the first step)
-and the micro-batch's activations, the vocabulary head's included. Run it with
+The growth is ``VmHWM`` during the second step minus ``VmRSS`` before the first, with the kernel's mark
+reset just before the second (``/proc/self/clear_refs``): AdamW's moments (made at the first step, after its
+backward pass) and, beside them, the second step's gradients and the micro-batch's activations, the
+vocabulary head's included: what every step after the first holds. Run it with
 ``MALLOC_MMAP_THRESHOLD_=65536`` (the test does) so that freed tensors leave RSS at once.
 """
 
@@ -39,7 +40,7 @@ def main(vocab: int, prompt: int, response: int, rows: int) -> None:
         TrainerConfig(lr=1e-4, micro_batch_size=rows, precision="fp32"),
         AlgorithmSpec.from_config(AlgorithmConfig(algorithm_type="grpo")),
         pad_token_id=0,
-        total_steps=1,
+        total_steps=2,
         max_response_length=response,
     )
     g = torch.Generator().manual_seed(1)
@@ -58,7 +59,10 @@ def main(vocab: int, prompt: int, response: int, rows: int) -> None:
     gc.collect()
     Path("/proc/self/clear_refs").write_text("5")
     before = status_mb("VmRSS")
-    metrics = trainer.train_step(batch)
+    trainer.train_step(batch)  # the first step makes AdamW's moments, after its backward pass
+    gc.collect()
+    Path("/proc/self/clear_refs").write_text("5")
+    metrics = trainer.train_step(batch)  # a step as every later one: its pass beside the moments
     grown = status_mb("VmHWM") - before
     params = sum(p.numel() for p in model.parameters())
     print(json.dumps({"grown_mb": grown, "params": params, "loss": float(metrics["train/loss"])}))

@@ -179,3 +179,19 @@ def test_heads_the_chunked_path_cannot_stand_for_take_the_plain_one(policy):
     handle = head.register_forward_hook(lambda *a: None)
     assert not chunkable(head)  # a hook would be skipped
     handle.remove()
+
+
+def test_the_in_place_log_sum_exp_equals_torchs_on_every_kind_of_row():
+    """``_logsumexp_`` overwrites its input instead of allocating temporaries of its size: the same values
+    as ``torch.logsumexp`` for ordinary rows, rows with -inf entries, all -inf rows and large logits."""
+    from trivium.trainer.logprobs import _logsumexp_
+
+    x = torch.randn(5, 40, generator=torch.Generator().manual_seed(0)) * 30
+    x[1, :7] = float("-inf")
+    x[2] = float("-inf")
+    x[3] += 1e4
+    expected = torch.logsumexp(x, dim=1)
+    got = _logsumexp_(x.clone())
+    assert torch.equal(torch.isinf(got), torch.isinf(expected))
+    finite = torch.isfinite(expected)
+    assert torch.allclose(got[finite], expected[finite], rtol=1e-6, atol=1e-5)

@@ -161,7 +161,7 @@ def estimate(
         # it for the backward; a boolean one it would copy in every layer: +650 MB at 2 x 4225 tokens, 8 layers)
         act += s.rows_per_micro * s.seq_len**2 * (2 if autocast else wb)
     head_tokens = s.rows_per_micro * min(s.loss_tokens, s.seq_len)
-    if s.head_chunk:  # one chunk's logits, float32 (measured: log-sum-exp adds no second copy)
+    if s.head_chunk:  # one chunk's logits, float32 (one buffer; log-sum-exp and the gradient are made in it)
         head = min(head_tokens, s.head_chunk) * shape.vocab * 4
     else:  # logits, their gradient, the log-softmax's exp: float32, at the loss tokens only
         head = 3 * head_tokens * shape.vocab * 4

@@ -132,11 +132,12 @@ class ChunkedLogProbs(torch.autograd.Function):
         chunk = max(1, HEAD_CHUNK_VALUES // weight.shape[0])
         out = hidden.new_empty(hidden.shape[0])
         lse = hidden.new_empty(hidden.shape[0])
+        buffer = _chunk_buffer(hidden, weight, chunk)
         with torch.autocast(hidden.device.type, enabled=False):
             for s in range(0, hidden.shape[0], chunk):
-                logits = _chunk_logits(hidden[s : s + chunk], weight, bias, temperature)
-                lse[s : s + chunk] = torch.logsumexp(logits, dim=-1)
+                logits = _chunk_logits(hidden[s : s + chunk], weight, bias, temperature, buffer)
                 out[s : s + chunk] = logits.gather(1, targets[s : s + chunk, None]).squeeze(1)
+                lse[s : s + chunk] = _logsumexp_(logits)
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
         ctx.temperature, ctx.chunk = temperature, chunk
         return out - lse
@@ -146,13 +147,14 @@ class ChunkedLogProbs(torch.autograd.Function):
         hidden, weight, bias, targets, lse = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_h = torch.empty_like(hidden) if need_h else None
-        grad_w = torch.zeros_like(weight) if need_w else None
+        grad_w = torch.empty_like(weight) if need_w else None  # the first chunk writes it, the others add
         grad_b = torch.zeros_like(bias) if need_b and bias is not None else None
         chunk, temperature = ctx.chunk, ctx.temperature
+        buffer = _chunk_buffer(hidden, weight, chunk)
         with torch.autocast(hidden.device.type, enabled=False):
             for s in range(0, hidden.shape[0], chunk):
                 g = grad_out[s : s + chunk, None].float()
-                d = _chunk_logits(hidden[s : s + chunk], weight, bias, temperature)
+                d = _chunk_logits(hidden[s : s + chunk], weight, bias, temperature, buffer)
                 d.sub_(lse[s : s + chunk, None]).exp_().mul_(-g)  # -g * softmax
                 d.scatter_add_(1, targets[s : s + chunk, None], g)  # + g * onehot
                 if temperature != 1.0:
@@ -160,14 +162,36 @@ class ChunkedLogProbs(torch.autograd.Function):
                 if grad_h is not None:
                     torch.mm(d, weight, out=grad_h[s : s + chunk])
                 if grad_w is not None:
-                    grad_w.addmm_(d.t(), hidden[s : s + chunk])
+                    if s == 0:
+                        torch.mm(d.t(), hidden[s : s + chunk], out=grad_w)
+                    else:
+                        grad_w.addmm_(d.t(), hidden[s : s + chunk])
                 if grad_b is not None:
                     grad_b.add_(d.sum(0))
         return grad_h, grad_w, grad_b, None, None
 
 
-def _chunk_logits(hidden, weight, bias, temperature: float) -> torch.Tensor:
-    logits = torch.nn.functional.linear(hidden, weight, bias)
+def _chunk_buffer(hidden: torch.Tensor, weight: torch.Tensor, chunk: int) -> torch.Tensor:
+    """One ``[chunk, V]`` float32 buffer that every chunk's logits are written into. Allocating each
+    chunk's logits anew (64 MiB at a 152k vocabulary, and as much again for log-sum-exp's temporaries)
+    costs more than the arithmetic on them on CPU: blocks that large come from the kernel as fresh pages,
+    and faulting them in (zeroed) took ~40% of the head's time at the 0.5B rung (docs/performance.md)."""
+    return hidden.new_empty(min(chunk, hidden.shape[0]), weight.shape[0])
+
+
+def _logsumexp_(x: torch.Tensor) -> torch.Tensor:
+    """``torch.logsumexp(x, dim=1)`` of a 2-D tensor, computed in ``x`` (which it overwrites) instead of
+    in temporaries of its size. Rows of -inf give -inf, as torch's."""
+    top = x.amax(1, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    return x.sub_(top).exp_().sum(1).log_().add_(top.squeeze(1))
+
+
+def _chunk_logits(hidden, weight, bias, temperature: float, buffer: torch.Tensor) -> torch.Tensor:
+    """``hidden @ weight.T + bias`` (over ``temperature``) in the first rows of ``buffer``."""
+    logits = torch.mm(hidden, weight.t(), out=buffer[: hidden.shape[0]])
+    if bias is not None:
+        logits.add_(bias)
     return logits.div_(temperature) if temperature != 1.0 else logits
 
 
