@@ -195,3 +195,17 @@ def test_the_in_place_log_sum_exp_equals_torchs_on_every_kind_of_row():
     assert torch.equal(torch.isinf(got), torch.isinf(expected))
     finite = torch.isfinite(expected)
     assert torch.allclose(got[finite], expected[finite], rtol=1e-6, atol=1e-5)
+
+
+def test_the_chunked_head_without_a_loss_token_gives_zero_gradients():
+    """A micro-batch with no loss token sends no row through the head: its gradients are zero, not
+    whatever memory the weight's gradient was made in."""
+    from trivium.trainer.logprobs import chunked_logprobs
+
+    head = torch.nn.Linear(16, 50)
+    hidden = torch.randn(0, 16, requires_grad=True)
+    lp = chunked_logprobs(hidden, head.weight, head.bias, torch.zeros(0, dtype=torch.long))
+    (lp.sum() + 0 * head.weight.sum()).backward()
+    assert lp.shape == (0,)
+    assert torch.equal(head.weight.grad, torch.zeros_like(head.weight))
+    assert torch.equal(head.bias.grad, torch.zeros_like(head.bias))

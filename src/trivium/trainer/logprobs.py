@@ -147,7 +147,8 @@ class ChunkedLogProbs(torch.autograd.Function):
         hidden, weight, bias, targets, lse = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_h = torch.empty_like(hidden) if need_h else None
-        grad_w = torch.empty_like(weight) if need_w else None  # the first chunk writes it, the others add
+        # the first chunk writes the weight's gradient, the others add to it (no chunk: no loss token, zero)
+        grad_w = (torch.empty_like if len(hidden) else torch.zeros_like)(weight) if need_w else None
         grad_b = torch.zeros_like(bias) if need_b and bias is not None else None
         chunk, temperature = ctx.chunk, ctx.temperature
         buffer = _chunk_buffer(hidden, weight, chunk)
