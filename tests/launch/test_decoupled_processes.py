@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -70,6 +71,31 @@ def test_explore_and_train_processes_learn_together(tmp_path, tiny_model_dir, wo
     assert storage.count("consumed") == 4 * 2 * 3 and storage.count("ready") == 0  # each trained once
     storage.close()
     assert any("eval/test/accuracy" in r for r in explore_steps)
+
+
+@pytest.mark.integration
+def test_a_train_process_asking_for_more_steps_than_its_explore_process_writes_stops_at_once(
+    tmp_path, tiny_model_dir, word_problem_dir
+):
+    """The explore process writes 1 step and finishes; the train process, told 2, trains the first and then
+    fails on the explore process's heartbeat, naming both counts, instead of waiting out read_timeout_s."""
+    path = pair_config(
+        tmp_path, tiny_model_dir, word_problem_dir, "short", total_steps=2, synchronizer={"method": "memory"}
+    )
+    cmd = [sys.executable, "-m", "trivium.cli", "run", "-c", str(path), "--set"]
+    explore = subprocess.Popen(
+        [*cmd, "mode=explore", "--set", "buffer.total_steps=1"], stderr=subprocess.PIPE, text=True
+    )
+    started = time.monotonic()
+    train = subprocess.run([*cmd, "mode=train"], capture_output=True, text=True, timeout=300)
+    waited = time.monotonic() - started
+    _, explore_err = explore.communicate(timeout=300)
+    assert explore.returncode == 0, explore_err[-3000:]
+    assert train.returncode != 0
+    assert "finished after writing step 1 of 1" in train.stderr, train.stderr[-3000:]
+    assert waited < 100  # read_timeout_s is 120
+    records = read_metrics(tmp_path / "runs" / "decoupled" / "short")
+    assert [r["step"] for r in records if r.get("role") == "train"] == [1]
 
 
 @pytest.mark.integration

@@ -46,13 +46,18 @@ class MemoryFeed:
 class StorageFeed:
     """A persistent storage: explore steps written under a key (idempotent), batches claimed then committed."""
 
-    def __init__(self, storage, *, consumer: str = "trainer", policy=None, timeout_s: float = 600.0):
+    def __init__(
+        self, storage, *, consumer: str = "trainer", policy=None, timeout_s: float = 600.0, waiting=None
+    ):
+        """``waiting``: called while a read waits (``ExperienceStorage.read``); its ``describe()``, where it
+        has one, is added to a timeout's error (what the writer last did)."""
         from trivium.buffer.replay import FIFO
 
         self.storage = storage
         self.consumer = consumer
         self.policy = policy or FIFO
         self.timeout_s = timeout_s
+        self.waiting = waiting
         self._open: list[str] = []  # claims since the last checkpoint, in read order
         self._used = 0  # how many of them are used (counted), the first ones
 
@@ -61,9 +66,20 @@ class StorageFeed:
             self.storage.write(experiences, key=f"explore:{experiences[0].explore_step}")
 
     def take(self, n: int, step: int) -> list[Experience]:
-        claim = self.storage.read(
-            n, policy=self.policy, consumer=self.consumer, step=step, timeout=self.timeout_s
-        )
+        try:
+            claim = self.storage.read(
+                n,
+                policy=self.policy,
+                consumer=self.consumer,
+                step=step,
+                timeout=self.timeout_s,
+                waiting=self.waiting,
+            )
+        except TimeoutError as error:
+            describe = getattr(self.waiting, "describe", None)
+            if type(error) is not TimeoutError or describe is None:
+                raise
+            raise TimeoutError(f"{error}. {describe()}") from error
         self._open.append(claim.token)
         return list(claim.experiences)
 

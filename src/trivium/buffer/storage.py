@@ -36,7 +36,7 @@ with its name).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypedDict
 
@@ -128,10 +128,13 @@ class ExperienceStorage(Protocol):
         consumer: str = "trainer",
         step: int | None = None,
         timeout: float | None = None,
+        waiting: Callable[[], None] | None = None,
     ) -> Claim:
         """Claim ``n`` experiences, waiting up to ``timeout`` s (None: forever) until there are ``n``.
 
         Raises ``TimeoutError`` if fewer than ``n`` are available in time; nothing is claimed then.
+        ``waiting`` is called between polls while the read waits; what it raises ends the read (e.g. the
+        writer is known to be done: ``launch/explore_heartbeat.py``).
         """
         ...
 

@@ -31,7 +31,7 @@ import fcntl
 import json
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +118,7 @@ class JsonlStorage:
         consumer: str = "trainer",
         step: int | None = None,
         timeout: float | None = None,
+        waiting: Callable[[], None] | None = None,
     ) -> Claim:
         if n < 1:
             raise ValueError(f"JsonlStorage.read(n={n}): n must be >= 1 experiences")
@@ -141,6 +142,8 @@ class JsonlStorage:
                     "writer (explorer) has produced fewer than this reader asks for: check that it is "
                     "running and writing to this file, or raise the timeout"
                 )
+            if waiting is not None:
+                waiting()
             time.sleep(wait if left is None else min(wait, left))
             wait = min(2 * wait, 1.0)
         start, end = reader.position, taken[-1][1]

@@ -208,6 +208,7 @@ class SqlStorage:
         consumer: str = "trainer",
         step: int | None = None,
         timeout: float | None = None,
+        waiting: Callable[[], None] | None = None,
     ) -> Claim:
         if n < 1:
             raise ValueError(f"SqlStorage.read(n={n}): n must be >= 1 experiences")
@@ -224,6 +225,8 @@ class SqlStorage:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise TimeoutError(self._shortage(n, policy, consumer, step, timeout))
+            if waiting is not None:
+                waiting()
             time.sleep(wait if left is None else min(wait, left))
             wait = min(2 * wait, 1.0)
 

@@ -432,15 +432,23 @@ def _replay(r):
 _READ_POLICIES = {"fifo": _fifo, "replay": _replay}  # buffer.storage.policy's choices
 
 
-def feed(cfg: TriviumConfig, run_dir: Path, per_step: int):
+def feed(cfg: TriviumConfig, run_dir: Path, per_step: int, explore_process: str | None = None):
     """The explorer-to-trainer channel: ``buffer.storage`` when configured (with its read policy), else a
-    bounded in-process queue (two train batches, plus the steps the explorer may run ahead)."""
+    bounded in-process queue (two train batches, plus the steps the explorer may run ahead).
+    ``explore_process``: the stage whose explore process writes the storage (a decoupled train process):
+    its reads watch that process's heartbeat (``explore_heartbeat.py``)."""
     from trivium.buffer.feed import MemoryFeed, StorageFeed
     from trivium.buffer.queue import ExperienceQueue
+    from trivium.launch.explore_heartbeat import ExploreWatch, heartbeat_path
 
     s = cfg.buffer.storage
     if s is not None:
-        return StorageFeed(storage(cfg, run_dir), policy=read_policy(cfg), timeout_s=s.read_timeout_s)
+        watch = None
+        if explore_process is not None:
+            watch = ExploreWatch(heartbeat_path(run_dir, explore_process), explore_process)
+        return StorageFeed(
+            storage(cfg, run_dir), policy=read_policy(cfg), timeout_s=s.read_timeout_s, waiting=watch
+        )
     capacity = cfg.buffer.queue_capacity or (2 + cfg.synchronizer.sync_offset) * per_step
     return MemoryFeed(ExperienceQueue(capacity))
 

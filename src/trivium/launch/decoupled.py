@@ -14,9 +14,10 @@ its claims once a checkpoint that includes them is on disk.
 
 Either process can be killed and restarted: the train process continues from its newest checkpoint
 (claims after it go back to the buffer), the explore process after its last written step
-(``explore_state.{stage}.pt``). Each writes its own metrics file (``metrics.explore.jsonl``,
-``metrics.train.jsonl``); a restarted process drops its records after the point it resumes from, so every
-step has exactly one record. The explore process evaluates.
+(``explore_state.{stage}.pt``); the explore process keeps a heartbeat that the train process watches
+while it waits for a batch (``launch/explore_heartbeat.py``). Each writes its own metrics file
+(``metrics.explore.jsonl``, ``metrics.train.jsonl``); a restarted process drops its records after the point
+it resumes from, so every step has exactly one record. The explore process evaluates.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from trivium.buffer.feed import StorageFeed
 from trivium.faults import maybe_die
 from trivium.files import atomic_path
 from trivium.launch import build
+from trivium.launch.explore_heartbeat import Heartbeat, heartbeat_path
 from trivium.launch.explore_steps import Pacing, explore_steps
 from trivium.launch.loop import eval_due
 from trivium.launch.placement import start_explorer
@@ -72,6 +74,8 @@ def explore_loop(stage, run_dir: Path, writer, state) -> None:
         record = {"stage": stage.name, "step": 0, "global_step": state.global_step, **explorer.evaluate()}
         writer.write(record)
     progress = Progress(f"{stage.name} (explore)", total, initial=done, enabled=cfg.monitor.progress_bar)
+    heartbeat = Heartbeat(heartbeat_path(run_dir, stage.name), done, total)  # what the train process watches
+    heartbeat.start()
     try:
         # each step written under the key explore:{step}: a re-run of it after a crash adds nothing
         pacing = Pacing(k, 0, state.version)
@@ -85,7 +89,13 @@ def explore_loop(stage, run_dir: Path, writer, state) -> None:
             )
             with atomic_path(state_file) as tmp:
                 torch.save({"step": step, "explorer": explorer.state_dict()}, tmp)
+            heartbeat.wrote(step)
             progress.update(record)
+    except BaseException as error:
+        heartbeat.fail(error)
+        raise
+    else:
+        heartbeat.finish()
     finally:
         storage.close()
         progress.close()

@@ -110,7 +110,8 @@ def storage_stage(stage: Stage, run_dir: Path, writer: MetricsWriter, state: Run
     state.resume = find_resume_point(run_dir, [stage.name])  # the process resumes from its own checkpoint
     done, saved, folder = state.take_resume(cfg, writer)
     state.model = lora.prepare(state.model, cfg.model.lora)
-    source = _experience_source(cfg, run_dir, state, per_step)
+    explore_process = stage.name if cfg.buffer.taskset is not None else None  # (a serve process: none)
+    source = _experience_source(cfg, run_dir, state, per_step, explore_process)
     with placement_of(cfg).trainer(stage, run_dir, state, total) as trainer:
         _record_trajectories(stage, run_dir, state, trainer, done)
         if saved is not None:
@@ -219,11 +220,13 @@ def _start_version(state: RunState, done: int, saved: dict | None) -> int:
     return saved["resume"].get("start_version", state.version - done)
 
 
-def _experience_source(cfg, run_dir: Path, state: RunState, per_step: int) -> ExperienceSource:
+def _experience_source(
+    cfg, run_dir: Path, state: RunState, per_step: int, explore_process: str | None = None
+) -> ExperienceSource:
     """The stage's feed (queue or storage, with its read policy), sample strategy and staleness bound."""
     s = cfg.synchronizer
     return ExperienceSource(
-        build.feed(cfg, run_dir, per_step),
+        build.feed(cfg, run_dir, per_step, explore_process),
         build.sample_strategy(cfg, state.tokenizer),
         per_step=per_step,
         max_staleness=s.max_staleness,
