@@ -79,6 +79,25 @@ def test_fp32_on_hardware_with_native_bf16_gets_auto_suggested(monkeypatch):
     assert grpo(1e12, "trainer.precision=fp32")[1] == {}
 
 
+def test_long_bf16_runs_on_a_cpu_with_bf16_instructions_get_compile_suggested(monkeypatch):
+    """Where it was measured to pay: a stage of at least COMPILE_WORTH_STEPS steps training in bf16 on a CPU
+    that multiplies bf16 natively; not for short runs, fp32, emulated bf16, or a run that compiles already.
+    A speed suggestion leaves the memory verdict in place."""
+    from trivium.launch.doctor_advice import COMPILE_WORTH_STEPS
+
+    monkeypatch.setenv("TRIVIUM_FAST_BF16", "1")
+    long, bf16 = f"buffer.total_steps={COMPILE_WORTH_STEPS}", "trainer.precision=bf16"
+    facts, advice = grpo(1e12, long, bf16)
+    assert advice == {"trainer.compile": "true"}
+    assert "advice       memory: fits" in "\n".join(facts.lines)
+    assert f"{COMPILE_WORTH_STEPS} bf16 training steps" in facts.advice[0].why
+    assert grpo(1e12, f"buffer.total_steps={COMPILE_WORTH_STEPS - 1}", bf16)[1] == {}
+    assert grpo(1e12, long, bf16, "trainer.compile=true")[1] == {}
+    assert grpo(1e12, long, "trainer.precision=fp32")[1] == {"trainer.precision": "auto"}
+    monkeypatch.setenv("TRIVIUM_FAST_BF16", "0")
+    assert grpo(1e12, long, bf16)[1] == {}  # bf16 emulated: compile is not applied there
+
+
 # The Qwen2.5-0.5B shape (benchmarks/ladder.py's largest rung), 8 rows of 1k tokens a pass, trained alone.
 SHAPE = ModelShape(params=494_032_768, layers=24, hidden=896, heads=14, kv_heads=2, head_dim=64,
                    intermediate=4864, vocab=151_936, tied=True)  # fmt: skip

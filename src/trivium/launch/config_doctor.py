@@ -234,18 +234,18 @@ def stage_facts(stage, index: int, count: int, memory: float | None = None) -> S
 
     where = f"stages.{index}." if count > 1 else ""  # a stage's own section wins over the top level's
     advice, advice_lines = _advice(
-        cfg, shapes, est, estimate_with, model, trains, memory, in_flight_at, where
+        cfg, shapes, est, estimate_with, model, trains, memory, in_flight_at, where, total, precision
     )
     return StageFacts(stage.name, lines + advice_lines, shapes, est, total, advice)
 
 
 def _advice(
-    cfg, shapes, est, estimate_with, model, trains, memory, in_flight_at, where
+    cfg, shapes, est, estimate_with, model, trains, memory, in_flight_at, where, steps, precision
 ) -> tuple[list, list[str]]:
     """The doctor's suggestions for the stage (``doctor_advice``), each setting as the path ``--set`` takes
     (``where``: ``stages.<i>.`` in a run of several stages), and their lines."""
     from trivium.config.schema import LoraConfig
-    from trivium.launch.doctor_advice import FILL, advise, memory_budget
+    from trivium.launch.doctor_advice import FILL, SPEED_SETTINGS, advise, memory_budget
     from trivium.models.bf16 import native_bf16
     from trivium.models.loading import resolve_device
 
@@ -260,6 +260,9 @@ def _advice(
         lambda: lora_params(model, LoraConfig()),
         trains,
         in_flight_at,
+        steps,
+        None if precision is None else precision.name,
+        device.type,
     )
     advice = [dataclasses.replace(a, setting=where + a.setting) if a.setting else a for a in advice]
     lines = [f"  advice       {a.line()}" for a in advice]
@@ -267,7 +270,7 @@ def _advice(
         lines.append(
             "  advice       memory: this machine's memory could not be read; pass --memory SIZE to check a plan"
         )
-    elif all(a.setting == where + "trainer.precision" for a in advice):
+    elif all(a.setting in [where + k for k in SPEED_SETTINGS] for a in advice):
         lines.append(
             f"  advice       memory: fits, the estimated peak {mib(est.peak)} is {est.peak / budget.bytes:.0%} of "
             f"{mib(budget.bytes)} ({budget.source}; the doctor keeps a plan within {FILL:.0%})"
