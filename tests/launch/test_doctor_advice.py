@@ -80,17 +80,21 @@ def test_fp32_on_hardware_with_native_bf16_gets_auto_suggested(monkeypatch):
 
 
 def test_long_bf16_runs_on_a_cpu_with_bf16_instructions_get_compile_suggested(monkeypatch):
-    """Where it was measured to pay: a stage of at least COMPILE_WORTH_STEPS steps training in bf16 on a CPU
-    that multiplies bf16 natively; not for short runs, fp32, emulated bf16, or a run that compiles already.
-    A speed suggestion leaves the memory verdict in place."""
+    """Where it was measured to pay: a stage of at least COMPILE_WORTH_STEPS steps training a model of at
+    least COMPILE_MIN_PARAMS parameters in bf16 on a CPU that multiplies bf16 natively; not for the
+    quickstart's 1M model, short runs, fp32, emulated bf16, or a run that compiles already. A speed
+    suggestion leaves the memory verdict in place."""
+    import trivium.launch.doctor_advice as doctor_advice
     from trivium.launch.doctor_advice import COMPILE_WORTH_STEPS
 
     monkeypatch.setenv("TRIVIUM_FAST_BF16", "1")
     long, bf16 = f"buffer.total_steps={COMPILE_WORTH_STEPS}", "trainer.precision=bf16"
+    assert grpo(1e12, long, bf16)[1] == {}  # the quickstart's 1M model: the compile would not pay
+    monkeypatch.setattr(doctor_advice, "COMPILE_MIN_PARAMS", 1_000_000)  # as if the model were large enough
     facts, advice = grpo(1e12, long, bf16)
     assert advice == {"trainer.compile": "true"}
     assert "advice       memory: fits" in "\n".join(facts.lines)
-    assert f"{COMPILE_WORTH_STEPS} bf16 training steps" in facts.advice[0].why
+    assert f"{COMPILE_WORTH_STEPS} bf16 training steps of 1M parameters" in facts.advice[0].why
     assert grpo(1e12, f"buffer.total_steps={COMPILE_WORTH_STEPS - 1}", bf16)[1] == {}
     assert grpo(1e12, long, bf16, "trainer.compile=true")[1] == {}
     assert grpo(1e12, long, "trainer.precision=fp32")[1] == {"trainer.precision": "auto"}

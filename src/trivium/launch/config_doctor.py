@@ -234,13 +234,24 @@ def stage_facts(stage, index: int, count: int, memory: float | None = None) -> S
 
     where = f"stages.{index}." if count > 1 else ""  # a stage's own section wins over the top level's
     advice, advice_lines = _advice(
-        cfg, shapes, est, estimate_with, model, trains, memory, in_flight_at, where, total, precision
+        cfg,
+        shapes,
+        est,
+        estimate_with,
+        model,
+        trains,
+        memory,
+        in_flight_at,
+        where,
+        total,
+        precision,
+        shape.params,
     )
     return StageFacts(stage.name, lines + advice_lines, shapes, est, total, advice)
 
 
 def _advice(
-    cfg, shapes, est, estimate_with, model, trains, memory, in_flight_at, where, steps, precision
+    cfg, shapes, est, estimate_with, model, trains, memory, in_flight_at, where, steps, precision, params
 ) -> tuple[list, list[str]]:
     """The doctor's suggestions for the stage (``doctor_advice``), each setting as the path ``--set`` takes
     (``where``: ``stages.<i>.`` in a run of several stages), and their lines."""
@@ -263,6 +274,7 @@ def _advice(
         steps,
         None if precision is None else precision.name,
         device.type,
+        params,
     )
     advice = [dataclasses.replace(a, setting=where + a.setting) if a.setting else a for a in advice]
     lines = [f"  advice       {a.line()}" for a in advice]

@@ -15,11 +15,13 @@ What is suggested, and what is not:
   (``benchmarks/micro_batch.py``: 64 rows a pass 15.3 s a step, 8 rows 9.4 s); the update is the same.
 - ``trainer.precision: auto`` where it is ``fp32`` and the device multiplies bf16 natively: auto times the
   model's pass at start and takes bf16 only where it pays.
-- ``trainer.compile: true`` where the stage trains in bf16 on a CPU that multiplies bf16 natively for at least
-  ``COMPILE_WORTH_STEPS`` steps: there the step is bound by the elementwise work between the products, which
-  the compiled layers fuse (``benchmarks/compile.py`` on an AMX CPU: the bf16 train step 0.75x at 25M and
-  0.89x at 100M parameters, the ~1 min compile paid back after 61 and 29 steps). Not suggested on CUDA nor in
-  fp32, where it is not measured to pay, nor for shorter runs (tests, smoke runs), where the compile would not.
+- ``trainer.compile: true`` where the stage trains a model of at least ``COMPILE_MIN_PARAMS`` parameters in
+  bf16 on a CPU that multiplies bf16 natively for at least ``COMPILE_WORTH_STEPS`` steps: there the step is
+  bound by the elementwise work between the products, which the compiled layers fuse (``benchmarks/compile.py``
+  on an AMX CPU: the bf16 train step 0.75x at 25M and 0.89x at 100M parameters, the ~1 min compile paid back
+  after 61 and 29 steps). Not suggested on CUDA nor in fp32, where it is not measured to pay, nor for smaller
+  models (the quickstart's 1M model: 0.93x a step, paid back after 449 steps) or shorter runs (tests, smoke
+  runs), where the compile would not pay.
 - Where even one row a pass does not fit, one lever at a time, each with the rows that then fit:
   ``explorer.max_concurrency`` (fewer tasks sampled at once: a smaller KV cache, when sampling is the larger
   part), ``explorer.rollout.dtype: bfloat16`` (the in-process engine's copy of the weights and its KV cache in
@@ -46,6 +48,7 @@ from trivium.launch.memory_estimate import Estimate, Shapes, mib
 from trivium.validation.validate_layout import engine_dtype
 
 __all__ = [
+    "COMPILE_MIN_PARAMS",
     "COMPILE_WORTH_STEPS",
     "FILL",
     "SPEED_SETTINGS",
@@ -58,6 +61,7 @@ __all__ = [
 
 FILL = 0.85
 COMPILE_WORTH_STEPS = 200  # trainer.compile's suggestion: over three times the longest payback measured (61)
+COMPILE_MIN_PARAMS = 20_000_000  # ... for models the size of those it was measured to pay for (25M, 100M)
 _UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
 
@@ -119,15 +123,18 @@ def advise(
     steps: int = 0,
     precision: str | None = None,
     device_type: str = "cpu",
+    params: int = 0,
 ) -> list[Advice]:
     """The suggestions for one stage (module docstring). ``estimate_with(shapes, rollout_dtype=..., shards=...)``
     re-estimates the stage with its changes; ``lora_trainable()`` counts rank-16 adapters; ``in_flight_at(k)``:
     the sequences sampled at once with ``explorer.max_concurrency`` k (None: the stage samples nothing);
-    ``steps``: the stage's training steps; ``precision``: what ``trainer.precision`` resolves to here."""
+    ``steps``: the stage's training steps; ``precision``: what ``trainer.precision`` resolves to here;
+    ``params``: the model's parameters."""
     out = []
     t = cfg.trainer
     if (
         steps >= COMPILE_WORTH_STEPS
+        and params >= COMPILE_MIN_PARAMS
         and trains
         and precision == "bf16"
         and device_type == "cpu"
@@ -138,7 +145,8 @@ def advise(
             Advice(
                 "trainer.compile",
                 "true",
-                f"{steps} bf16 training steps on a CPU with bf16 instructions: the compiled decoder layers fuse "
+                f"{steps} bf16 training steps of {params / 1e6:,.0f}M parameters on a CPU with bf16 "
+                "instructions: the compiled decoder layers fuse "
                 "the elementwise work that bounds the step there (benchmarks/compile.py on an AMX CPU: 0.75-0.89x "
                 "a step, the ~1 min compile paid back within 30-60 steps)",
             )
