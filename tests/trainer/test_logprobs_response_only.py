@@ -139,16 +139,16 @@ def test_a_step_reports_its_phases(policy, tokenizer):
     assert 0 < parts <= metrics["time/train"]
 
 
-def _chunked_and_full_head(temperature: float, autocast: bool):
-    """(log-probs, grad of hidden, weight, bias) through ``chunked_logprobs`` and through autograd over the
-    whole [N, V] float32 log-softmax, for a head with a bias, 20 tokens, V = 50."""
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_chunked_head_gives_the_full_heads_values_and_gradients(monkeypatch, temperature):
+    """A head with a bias, seven chunks of 3 tokens (the last one short), under bf16 autocast too: the
+    same log-probs and the same gradients for the hidden states, the weight and the bias as autograd
+    through the whole [N, V] log-softmax."""
     import trivium.trainer.logprobs as logprobs
 
+    monkeypatch.setattr(logprobs, "HEAD_CHUNK_VALUES", 3 * 50)  # 3 tokens a chunk at V = 50
     g = torch.Generator().manual_seed(0)
     head = torch.nn.Linear(16, 50)
-    with torch.no_grad():
-        head.weight.copy_(torch.randn(50, 16, generator=g) / 4)
-        head.bias.copy_(torch.randn(50, generator=g))
     hidden = torch.randn(20, 16, generator=g, requires_grad=True)
     targets = torch.randint(0, 50, (20,), generator=g)
     upstream = torch.randn(20, generator=g)
@@ -157,7 +157,7 @@ def _chunked_and_full_head(temperature: float, autocast: bool):
     for chunked in (True, False):
         head.zero_grad()
         hidden.grad = None
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
             if chunked:
                 lp = logprobs.chunked_logprobs(hidden, head.weight, head.bias, targets, temperature)
             else:
@@ -165,76 +165,9 @@ def _chunked_and_full_head(temperature: float, autocast: bool):
                 lp = logits.log_softmax(-1).gather(1, targets[:, None]).squeeze(1)
         (lp * upstream).sum().backward()
         results.append((lp.detach(), hidden.grad.clone(), head.weight.grad.clone(), head.bias.grad.clone()))
-    return results
-
-
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_the_chunked_head_gives_the_full_heads_values_and_gradients(monkeypatch, temperature):
-    """Seven chunks of 3 tokens (the last one short), blocks of 7 vocabulary rows (the last one short): the
-    same log-probs and the same gradients for the hidden states, the weight and the bias as autograd
-    through the whole [N, V] log-softmax."""
-    import trivium.trainer.logprobs as logprobs
-
-    monkeypatch.setattr(logprobs, "HEAD_CHUNK_VALUES", 3 * 50)  # 3 tokens a chunk at V = 50
-    assert logprobs.backward_block(20, 50, 16) == 7
-    ours, reference = _chunked_and_full_head(temperature, autocast=False)
-    for got, expected in zip(ours, reference):
-        assert got.dtype == torch.float32
-        assert torch.allclose(got, expected, atol=1e-5), (got - expected).abs().max()
-
-
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_under_autocast_the_chunked_head_takes_its_gradient_products_in_bf16(monkeypatch, temperature):
-    """Under bf16 autocast the log-probs and the bias's gradient (no product) stay float32-exact, and the
-    two gradient products run in bf16, as every other layer's backward does under autocast: the hidden
-    states' and the weight's gradients are float32 tensors within bf16's rounding of the exact ones, and
-    not equal to them (the products did run in bf16)."""
-    import trivium.trainer.logprobs as logprobs
-
-    monkeypatch.setattr(logprobs, "HEAD_CHUNK_VALUES", 3 * 50)
-    (lp, grad_h, grad_w, grad_b), (lp_ref, grad_h_ref, grad_w_ref, grad_b_ref) = _chunked_and_full_head(
-        temperature, autocast=True
-    )
-    assert torch.allclose(lp, lp_ref, atol=1e-5)
-    assert torch.allclose(grad_b, grad_b_ref, atol=1e-5)
-    for got, expected in ((grad_h, grad_h_ref), (grad_w, grad_w_ref)):
-        assert got.dtype == torch.float32
-        relative = (got - expected).norm() / expected.norm()
-        assert 0 < relative < 1e-2, relative
-
-
-def test_the_chunked_heads_bf16_products_have_the_same_numerics_where_bf16_is_emulated(monkeypatch):
-    """On a CPU without bf16 instructions the head's bf16 gradient products are float32 products of the
-    bf16-rounded operands, rounded to bf16 (what ``Bf16MatmulEmulation`` computes, without its float32 copies
-    of a block): the gradients equal the bf16 kernels' up to the order of float32 sums, and are not the
-    float32 products' (the rounding is there)."""
-    import trivium.models.bf16 as bf16
-    import trivium.trainer.logprobs as logprobs
-
-    monkeypatch.setattr(logprobs, "HEAD_CHUNK_VALUES", 3 * 50)
-    runs = {}
-    for emulate in (False, True):
-        monkeypatch.setattr(bf16, "_EMULATE", emulate)
-        with bf16.bf16_emulation("cpu"):
-            runs[emulate] = _chunked_and_full_head(0.7, autocast=True)
-    (lp, *grads), (lp_kernel, *kernel_grads) = runs[True][0], runs[False][0]
-    exact = runs[True][1]  # float32 throughout
-    assert torch.equal(lp, lp_kernel)
-    for got, kernel, full in zip(grads[:2], kernel_grads[:2], exact[1:3]):
-        assert (got - kernel).norm() / kernel.norm() < 2e-3
-        assert (got - full).norm() > 0
-
-
-def test_the_backward_blocks_hold_no_more_values_than_a_chunk():
-    """A block's logits (tokens x rows) and its slice of the weight (rows x hidden) stay within
-    ``HEAD_CHUNK_VALUES`` whatever the number of loss tokens, one token included."""
-    from trivium.trainer.logprobs import HEAD_CHUNK_VALUES, backward_block
-
-    for tokens in (0, 1, 100, 1500, 4096, 10**6):
-        rows = backward_block(tokens, 151_936, 896)
-        assert 1 <= rows <= 151_936
-        assert rows * max(tokens, 896) <= HEAD_CHUNK_VALUES or rows == 1
-    assert backward_block(1, 384, 64) == 384  # a small head is one block
+    for ours, reference in zip(*results):
+        assert ours.dtype == torch.float32
+        assert torch.allclose(ours, reference, atol=1e-5), (ours - reference).abs().max()
 
 
 def test_heads_the_chunked_path_cannot_stand_for_take_the_plain_one(policy):
