@@ -1,5 +1,6 @@
 """GRPO train steps of a 2-layer model at a real vocabulary, and what they added to resident memory:
-``python tests/launch/head_memory_worker.py VOCAB PROMPT RESPONSE ROWS`` prints one JSON line (MiB).
+``python tests/launch/head_memory_worker.py VOCAB PROMPT RESPONSE ROWS [PRECISION [HEAD_GRAD_PRECISION]]``
+prints one JSON line (MiB).
 
 The growth is ``VmHWM`` during the second step minus ``VmRSS`` before the first, with the kernel's mark
 reset just before the second (``/proc/self/clear_refs``): AdamW's moments (made at the first step, after its
@@ -31,13 +32,22 @@ def status_mb(field: str) -> float:
     return int(found.group(1)) / 1024
 
 
-def main(vocab: int, prompt: int, response: int, rows: int) -> None:
+def main(
+    vocab: int,
+    prompt: int,
+    response: int,
+    rows: int,
+    precision: str = "fp32",
+    head_grad_precision: str = "fp32",
+) -> None:
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=vocab, tie_word_embeddings=False, **SHAPE))
     trainer = Trainer(
         model,
-        TrainerConfig(lr=1e-4, micro_batch_size=rows, precision="fp32"),
+        TrainerConfig(
+            lr=1e-4, micro_batch_size=rows, precision=precision, head_grad_precision=head_grad_precision
+        ),
         AlgorithmSpec.from_config(AlgorithmConfig(algorithm_type="grpo")),
         pad_token_id=0,
         total_steps=2,
@@ -69,4 +79,4 @@ def main(vocab: int, prompt: int, response: int, rows: int) -> None:
 
 
 if __name__ == "__main__":
-    main(*map(int, sys.argv[1:]))
+    main(*map(int, sys.argv[1:5]), *sys.argv[5:])

@@ -5,6 +5,7 @@ import copy
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM
 
 from trivium.models import bf16
@@ -104,6 +105,38 @@ def test_emulation_leaves_fp32_products_alone():
     with Bf16MatmulEmulation():
         out = a @ b
     assert out.dtype == torch.float32 and torch.equal(out, a @ b)
+
+
+class _Products(TorchDispatchMode):
+    """Records each matrix product that reaches it, with its operands' dtypes."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm):
+            self.seen.append((func, tuple(a.dtype for a in args if isinstance(a, torch.Tensor))))
+        return func(*args, **(kwargs or {}))
+
+
+def test_products_into_a_given_tensor_are_emulated_too():
+    """``torch.mm(a, b, out=o)`` (the chunked vocabulary head's backward) reaches the kernels as an fp32
+    product of the bf16 operands, as ``a @ b`` does, and its bf16 result lands in ``o``."""
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(8, 16, generator=g).bfloat16(), torch.randn(16, 4, generator=g).bfloat16()
+    bias = torch.randn(4, generator=g).bfloat16()
+    out, out_addmm = torch.empty(8, 4, dtype=torch.bfloat16), torch.empty(8, 4, dtype=torch.bfloat16)
+    with _Products() as below, Bf16MatmulEmulation():
+        got = torch.mm(a, b, out=out)
+        torch.addmm(bias, a, b, out=out_addmm)
+    assert got is out
+    assert below.seen == [
+        (torch.ops.aten.mm.default, (torch.float32, torch.float32)),
+        (torch.ops.aten.addmm.default, (torch.float32, torch.float32, torch.float32)),
+    ]
+    assert torch.equal(out, (a.float() @ b.float()).bfloat16())
+    assert torch.equal(out_addmm, torch.addmm(bias.float(), a.float(), b.float()).bfloat16())
 
 
 def test_autocast_context_runs_the_backward_products_in_bf16_too():

@@ -1,6 +1,7 @@
 """Log-probs of loss tokens only (no vocabulary projection of prompts and padding) equal the full path's;
 micro-batches from a token budget give the same update."""
 
+import contextlib
 import copy
 import dataclasses
 
@@ -139,16 +140,17 @@ def test_a_step_reports_its_phases(policy, tokenizer):
     assert 0 < parts <= metrics["time/train"]
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_the_chunked_head_gives_the_full_heads_values_and_gradients(monkeypatch, temperature):
-    """A head with a bias, seven chunks of 3 tokens (the last one short), under bf16 autocast too: the
-    same log-probs and the same gradients for the hidden states, the weight and the bias as autograd
-    through the whole [N, V] log-softmax."""
+def _chunked_and_full_head(temperature: float, autocast: bool, low_head: bool = False):
+    """(log-probs, grad of hidden, weight, bias) through ``chunked_logprobs`` and through autograd over the
+    whole [N, V] float32 log-softmax, for a head with a bias, 20 tokens, V = 50; ``low_head``: within
+    ``head_gradients_in_autocast`` (trainer.head_grad_precision: autocast)."""
     import trivium.trainer.logprobs as logprobs
 
-    monkeypatch.setattr(logprobs, "HEAD_CHUNK_VALUES", 3 * 50)  # 3 tokens a chunk at V = 50
     g = torch.Generator().manual_seed(0)
     head = torch.nn.Linear(16, 50)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(50, 16, generator=g) / 4)
+        head.bias.copy_(torch.randn(50, generator=g))
     hidden = torch.randn(20, 16, generator=g, requires_grad=True)
     targets = torch.randint(0, 50, (20,), generator=g)
     upstream = torch.randn(20, generator=g)
@@ -157,7 +159,8 @@ def test_the_chunked_head_gives_the_full_heads_values_and_gradients(monkeypatch,
     for chunked in (True, False):
         head.zero_grad()
         hidden.grad = None
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = logprobs.head_gradients_in_autocast() if low_head else contextlib.nullcontext()
+        with low, torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             if chunked:
                 lp = logprobs.chunked_logprobs(hidden, head.weight, head.bias, targets, temperature)
             else:
@@ -165,9 +168,78 @@ def test_the_chunked_head_gives_the_full_heads_values_and_gradients(monkeypatch,
                 lp = logits.log_softmax(-1).gather(1, targets[:, None]).squeeze(1)
         (lp * upstream).sum().backward()
         results.append((lp.detach(), hidden.grad.clone(), head.weight.grad.clone(), head.bias.grad.clone()))
-    for ours, reference in zip(*results):
-        assert ours.dtype == torch.float32
-        assert torch.allclose(ours, reference, atol=1e-5), (ours - reference).abs().max()
+    return results
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_chunked_head_gives_the_full_heads_values_and_gradients(monkeypatch, temperature, autocast):
+    """Seven chunks of 3 tokens (the last one short), blocks of 7 vocabulary rows (the last one short): the
+    same log-probs and the same gradients for the hidden states, the weight and the bias as autograd
+    through the whole [N, V] float32 log-softmax, under bf16 autocast too (trainer.head_grad_precision's
+    default, fp32: the head's products stay float32)."""
+    import trivium.trainer.logprobs as logprobs
+
+    monkeypatch.setattr(logprobs, "HEAD_CHUNK_VALUES", 3 * 50)  # 3 tokens a chunk at V = 50
+    assert logprobs.backward_block(20, 50, 16) == 7
+    ours, reference = _chunked_and_full_head(temperature, autocast=autocast)
+    for got, expected in zip(ours, reference):
+        assert got.dtype == torch.float32
+        assert torch.allclose(got, expected, atol=1e-5), (got - expected).abs().max()
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_asked_to_the_chunked_head_takes_its_gradient_products_in_bf16(monkeypatch, temperature):
+    """With trainer.head_grad_precision: autocast, under bf16 autocast the log-probs and the bias's gradient (no product) stay float32-exact, and the
+    two gradient products run in bf16, as every other layer's backward does under autocast: the hidden
+    states' and the weight's gradients are float32 tensors within bf16's rounding of the exact ones, and
+    not equal to them (the products did run in bf16)."""
+    import trivium.trainer.logprobs as logprobs
+
+    monkeypatch.setattr(logprobs, "HEAD_CHUNK_VALUES", 3 * 50)
+    (lp, grad_h, grad_w, grad_b), (lp_ref, grad_h_ref, grad_w_ref, grad_b_ref) = _chunked_and_full_head(
+        temperature, autocast=True, low_head=True
+    )
+    assert torch.allclose(lp, lp_ref, atol=1e-5)
+    assert torch.allclose(grad_b, grad_b_ref, atol=1e-5)
+    for got, expected in ((grad_h, grad_h_ref), (grad_w, grad_w_ref)):
+        assert got.dtype == torch.float32
+        relative = (got - expected).norm() / expected.norm()
+        assert 0 < relative < 1e-2, relative
+
+
+def test_the_chunked_heads_bf16_products_have_the_same_numerics_where_bf16_is_emulated(monkeypatch):
+    """On a CPU without bf16 instructions the head's bf16 gradient products are float32 products of the
+    bf16-rounded operands, rounded to bf16 (what ``Bf16MatmulEmulation`` computes, without its float32 copies
+    of a block): the gradients equal the bf16 kernels' up to the order of float32 sums, and are not the
+    float32 products' (the rounding is there)."""
+    import trivium.models.bf16 as bf16
+    import trivium.trainer.logprobs as logprobs
+
+    monkeypatch.setattr(logprobs, "HEAD_CHUNK_VALUES", 3 * 50)
+    runs = {}
+    for emulate in (False, True):
+        monkeypatch.setattr(bf16, "_EMULATE", emulate)
+        with bf16.bf16_emulation("cpu"):
+            runs[emulate] = _chunked_and_full_head(0.7, autocast=True, low_head=True)
+    (lp, *grads), (lp_kernel, *kernel_grads) = runs[True][0], runs[False][0]
+    exact = runs[True][1]  # float32 throughout
+    assert torch.equal(lp, lp_kernel)
+    for got, kernel, full in zip(grads[:2], kernel_grads[:2], exact[1:3]):
+        assert (got - kernel).norm() / kernel.norm() < 2e-3
+        assert (got - full).norm() > 0
+
+
+def test_the_backward_blocks_hold_no_more_values_than_a_chunk():
+    """A block's logits (tokens x rows) and its slice of the weight (rows x hidden) stay within
+    ``HEAD_CHUNK_VALUES`` whatever the number of loss tokens, one token included."""
+    from trivium.trainer.logprobs import HEAD_CHUNK_VALUES, backward_block
+
+    for tokens in (0, 1, 100, 1500, 4096, 10**6):
+        rows = backward_block(tokens, 151_936, 896)
+        assert 1 <= rows <= 151_936
+        assert rows * max(tokens, 896) <= HEAD_CHUNK_VALUES or rows == 1
+    assert backward_block(1, 384, 64) == 384  # a small head is one block
 
 
 def test_heads_the_chunked_path_cannot_stand_for_take_the_plain_one(policy):
@@ -209,3 +281,44 @@ def test_the_chunked_head_without_a_loss_token_gives_zero_gradients():
     assert lp.shape == (0,)
     assert torch.equal(head.weight.grad, torch.zeros_like(head.weight))
     assert torch.equal(head.bias.grad, torch.zeros_like(head.bias))
+
+
+def test_the_setting_reaches_the_head_through_the_trainers_autocast():
+    """trainer.head_grad_precision: autocast turns the head's low-precision products on inside the
+    trainer's autocast context only (the backward reads it from the forward), fp32 leaves them off, and the
+    run log's precision line says so."""
+    from trivium.trainer.logprobs import _HEAD_GRADIENTS_IN_AUTOCAST
+    from trivium.trainer.precision import choose_precision
+
+    seen = {}
+    for head in ("fp32", "autocast"):
+        precision = choose_precision("bf16", torch.device("cpu"), head_grad_precision=head)
+        with precision.autocast():
+            seen[head] = _HEAD_GRADIENTS_IN_AUTOCAST.get()
+        assert not _HEAD_GRADIENTS_IN_AUTOCAST.get()
+        assert ("trainer.head_grad_precision" in precision.describe("bf16")) == (head == "autocast")
+    assert seen == {"fp32": False, "autocast": True}
+    fp32 = choose_precision("fp32", torch.device("cpu"), head_grad_precision="autocast")
+    with fp32.autocast():
+        assert not _HEAD_GRADIENTS_IN_AUTOCAST.get()  # nothing to take it from
+
+
+def test_a_bf16_step_with_the_heads_products_in_bf16_moves_the_head_as_the_float32_products_do(
+    policy, tokenizer
+):
+    """One bf16 GRPO step (plain SGD: the update is the gradient) with trainer.head_grad_precision fp32 and
+    autocast: the head's update differs (its products did run in bf16) by bf16's rounding, no more."""
+    from trivium.trainer.logprobs import output_head
+
+    exps = sampled_experiences(policy, tokenizer)
+    updates = []
+    for head in ("fp32", "autocast"):
+        model = copy.deepcopy(policy)
+        trainer = make_trainer(
+            model, micro=16, sgd=True, grad_clip=0.0, precision="bf16", head_grad_precision=head
+        )
+        assert trainer.precision.head_grad_precision == head
+        trainer.train_step(exps)
+        updates.append(output_head(model).weight.detach() - output_head(policy).weight.detach())
+    relative = (updates[1] - updates[0]).norm() / updates[0].norm()
+    assert 0 < relative < 3e-2, relative

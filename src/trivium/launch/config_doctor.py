@@ -462,6 +462,7 @@ def _shapes(
         rollout_seq=rollout_seq,
         trainable=trainable,
         head_chunk=head_chunk_tokens(model, cfg, a.entropy_coef > 0),
+        head_low_products=cfg.trainer.head_grad_precision == "autocast",
         frozen_copies=1 if needs_ref and cfg.model.lora is None else 0,
         critic=preset.needs_critic,
         rollout_engine=in_flight > 0 and r.engine_type == "transformers" and in_driver,

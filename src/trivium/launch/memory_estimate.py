@@ -7,7 +7,9 @@ Every figure is bytes of tensors, counted from shapes and dtypes (docs/observabi
   per token and decoder layer ``ACT_PER_TOKEN_LAYER`` vectors (below), plus the head's logits. Only the
   positions that predict a loss token (the response) go through the head (``trainer/logprobs.py``), a chunk
   of ``HEAD_CHUNK_VALUES`` logits at a time where the head allows it (``ChunkedLogProbs``: one chunk's
-  float32 logits, turned into their gradient in place); otherwise (an entropy bonus, a bf16 head)
+  float32 logits, turned into their gradient in place; with ``trainer.head_grad_precision: autocast`` under
+  autocast the backward's gradient products take bf16 copies of a block's gradient and of a block of the
+  weight and make its gradient in bf16: about twice that again); otherwise (an entropy bonus, a bf16 head)
   the logits, their gradient and the softmax in float32 for every loss token (3 x loss tokens x vocab);
   a model the trainer cannot project that way (logit soft-capping, no ``logits_to_keep``) gets logits
   for every position. Tied embeddings add one more ``vocab x hidden`` gradient while the head's and the
@@ -99,6 +101,9 @@ class Shapes:
     rollout_shares_weights: bool = False  # ... that samples from the trainer's tensors when of their dtype
     overlap: bool = False  # sampling and training at the same time (sync_offset > 0)
     head_chunk: int = 0  # loss tokens per chunk of the vocabulary head (ChunkedLogProbs); 0: not chunked
+    head_low_products: bool = (
+        False  # its backward's products in autocast's dtype (trainer.head_grad_precision)
+    )
     moment_bytes: int = 0  # bytes of each of AdamW's two moments a parameter; 0: the weights' (bf16: 2)
     shared_rows: bool = False  # rows of a group's samples with their prompt once (trainer.share_prompts)
     recompute: bool = False  # decoder layers recompute their activations in backward (gradient_checkpointing)
@@ -163,6 +168,12 @@ def estimate(
     head_tokens = s.rows_per_micro * min(s.loss_tokens, s.seq_len)
     if s.head_chunk:  # one chunk's logits, float32 (one buffer; log-sum-exp and the gradient are made in it)
         head = min(head_tokens, s.head_chunk) * shape.vocab * 4
+        if (
+            autocast and s.head_low_products
+        ):  # the backward's bf16 operands: a block's gradient (half its logits' bytes), a block of
+            # the weight and of the weight's gradient (backward_block: at most a chunk's values each)
+            head *= 1.5
+            head += 2 * min(shape.vocab * shape.hidden, s.head_chunk * shape.vocab) * 2
     else:  # logits, their gradient, the log-softmax's exp: float32, at the loss tokens only
         head = 3 * head_tokens * shape.vocab * 4
     if shape.tied and s.trainable >= shape.params:  # the shared matrix's second gradient, while it is added

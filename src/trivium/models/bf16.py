@@ -50,6 +50,9 @@ _aten = torch.ops.aten
 _PRODUCTS = frozenset(
     {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default, _aten.addbmm.default}
 )
+# products into a given tensor (``torch.mm(a, b, out=...)``, the chunked vocabulary head's backward): the
+# product as above, copied into ``out``
+_OUT_PRODUCTS = {_aten.mm.out: _aten.mm.default, _aten.addmm.out: _aten.addmm.default}
 
 
 def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> set[str]:
@@ -176,6 +179,11 @@ class Bf16MatmulEmulation(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in _OUT_PRODUCTS and any(
+            isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 for a in args
+        ):
+            rest = {k: v for k, v in kwargs.items() if k != "out"}
+            return kwargs["out"].copy_(self.__torch_dispatch__(_OUT_PRODUCTS[func], types, args, rest))
         if func in _PRODUCTS and any(isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 for a in args):
             wide = [
                 a.float() if isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 else a for a in args

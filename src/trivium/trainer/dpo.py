@@ -47,7 +47,11 @@ class DpoTrainer:
         self.device = next(model.parameters()).device
         self.parallel = Parallel(self.device)  # DPO trains on one rank (trainer.strategy single)
         self.precision = choose_precision(
-            cfg.precision, self.device, next(model.parameters()).dtype, model_probe(model, self.device)
+            cfg.precision,
+            self.device,
+            next(model.parameters()).dtype,
+            model_probe(model, self.device),
+            head_grad_precision=cfg.head_grad_precision,
         )
         self.precision.prepare_attention(model, ref_model)
         self._unshared = why_not_shared(None, False, (model, ref_model))

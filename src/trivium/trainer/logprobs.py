@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+from contextvars import ContextVar
+
 import torch
 
 from trivium.models.attention import compute_dtype
+from trivium.models.bf16 import emulates_bf16
 from trivium.trainer.parallel import Parallel
 from trivium.types import TrainBatch
 
@@ -127,7 +131,16 @@ class ChunkedLogProbs(torch.autograd.Function):
     all tokens, written once, and the hidden states' gradient sums over the blocks. (By chunks of tokens,
     every chunk added a product into the whole ``[V, h]`` weight gradient: at 1,500 loss tokens x 151,936 on
     a 2-core AMX CPU, 7.14 s for the backward against 5.04 s by blocks, the same arithmetic.) Peak: one
-    chunk's logits (``HEAD_CHUNK_VALUES``). All arithmetic in float32 (autocast off), as ``project_fp32``."""
+    chunk's logits (``HEAD_CHUNK_VALUES``).
+
+    Precision: the logits, log-sum-exp and log-probs are float32 always (autocast off), as
+    ``project_fp32``: they are what the algorithm reads. So are, by default, the backward's two gradient
+    products (``d @ W`` for the hidden states, ``d.T @ hidden`` for the weight). Under autocast within
+    ``head_gradients_in_autocast`` (``trainer.head_grad_precision: autocast``) those two run in autocast's
+    dtype, as every other layer's backward does under autocast, and land in float32 gradients (the hidden
+    states' summed over the blocks in float32); the logits they start from are still float32. That was
+    the default for a day and was reverted: the quickstart's 5-seed mean did not suffer, but CI's seed 0
+    learned slower (docs/performance.md)."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, temperature):
@@ -143,6 +156,7 @@ class ChunkedLogProbs(torch.autograd.Function):
                 lse[s : s + chunk] = _logsumexp_(logits)
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
         ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.product_dtype = _autocast_dtype(hidden.device.type) if _HEAD_GRADIENTS_IN_AUTOCAST.get() else None
         return out - lse
 
     @staticmethod
@@ -155,8 +169,9 @@ class ChunkedLogProbs(torch.autograd.Function):
         grad_w = (torch.empty_like if n else torch.zeros_like)(weight) if need_w else None
         grad_b = (torch.empty_like if n else torch.zeros_like)(bias) if need_b and bias is not None else None
         g = grad_out.float()[:, None]
-        block = min(vocab, max(1, HEAD_CHUNK_VALUES // max(n, 1)))  # a block's logits: as many as a chunk's
+        block = backward_block(n, vocab, hidden.shape[1])
         buffer = hidden.new_empty(n * block)
+        products = _GradientProducts(hidden, weight, block, ctx.product_dtype)
         with torch.autocast(hidden.device.type, enabled=False):
             for v in range(0, vocab if n else 0, block):
                 w = weight[v : v + block]
@@ -171,13 +186,90 @@ class ChunkedLogProbs(torch.autograd.Function):
                 d.index_put_((hit, targets[hit] - v), g[hit, 0], accumulate=True)  # + g * onehot
                 if ctx.temperature != 1.0:
                     d.div_(ctx.temperature)
-                if grad_h is not None:
-                    grad_h.addmm_(d, w)
-                if grad_w is not None:
-                    torch.mm(d.t(), hidden, out=grad_w[v : v + width])
                 if grad_b is not None:
                     torch.sum(d, 0, out=grad_b[v : v + width])
+                products(d, w, grad_h, None if grad_w is None else grad_w[v : v + width])
         return grad_h, grad_w, grad_b, None, None
+
+
+def backward_block(tokens: int, vocab: int, hidden: int) -> int:
+    """Rows of the vocabulary per block of ``ChunkedLogProbs.backward``: a block's logits (``tokens`` of
+    them a row) and a block of the weight (``hidden`` a row) no more values than a chunk's logits."""
+    return min(vocab, max(1, HEAD_CHUNK_VALUES // max(tokens, hidden, 1)))
+
+
+# trainer.head_grad_precision: autocast (set by ``Precision.autocast``, read by ``ChunkedLogProbs.forward``)
+_HEAD_GRADIENTS_IN_AUTOCAST: ContextVar[bool] = ContextVar("head_gradients_in_autocast", default=False)
+
+
+@contextlib.contextmanager
+def head_gradients_in_autocast():
+    """Within it, ``ChunkedLogProbs`` under autocast takes its backward's two gradient products in
+    autocast's dtype (``trainer.head_grad_precision: autocast``); outside it, in float32."""
+    token = _HEAD_GRADIENTS_IN_AUTOCAST.set(True)
+    try:
+        yield
+    finally:
+        _HEAD_GRADIENTS_IN_AUTOCAST.reset(token)
+
+
+def _autocast_dtype(device_type: str) -> torch.dtype | None:
+    """Autocast's dtype where it is on for ``device_type``, else None."""
+    if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return None
+
+
+class _GradientProducts:
+    """The two gradient products of one vocabulary block of ``ChunkedLogProbs.backward``: ``grad_h +=
+    d @ w`` and ``grad_w_rows = d.T @ hidden``, in float32, or, with a ``dtype`` (autocast's in the
+    forward), with ``d``, ``w`` and ``hidden`` cast to it and the products upcast into the float32
+    gradients. The low-precision operands and results live in buffers made once per backward, a block's
+    worth, as the logits do (fresh blocks that large cost page faults on CPU: ``_chunk_buffer``).
+
+    On a CPU without bf16 instructions (``models/bf16.py``'s emulation) the products are float32 products
+    of the operands rounded to bf16, rounded to bf16 after: the emulation's numerics, without the float32
+    copies of a block's operands it would make for every product (a block's logits again: +60 MiB a step
+    at a 152k vocabulary)."""
+
+    def __init__(self, hidden: torch.Tensor, weight: torch.Tensor, block: int, dtype: torch.dtype | None):
+        self.hidden, self.dtype = hidden, None if dtype in (None, hidden.dtype) else dtype
+        if self.dtype is None:
+            return
+        n, h = hidden.shape
+        self.emulate = self.dtype == torch.bfloat16 and emulates_bf16(hidden.device.type)
+        self.hidden_low = hidden.to(self.dtype)
+        self.d_low = hidden.new_empty(n * block, dtype=self.dtype)
+        self.w_low = weight.new_empty(block, h, dtype=self.dtype)
+        self.grad_h_low = hidden.new_empty(n, h, dtype=self.dtype)
+        if self.emulate:  # float32 operands holding bf16 values
+            self.hidden_low = self.hidden_low.float()
+            self.w_wide, self.grad_h_wide = weight.new_empty(block, h), hidden.new_empty(n, h)
+        else:
+            self.grad_w_low = weight.new_empty(block, h, dtype=self.dtype)
+
+    def __call__(self, d, w, grad_h, grad_w_rows) -> None:
+        if self.dtype is None:
+            if grad_h is not None:
+                grad_h.addmm_(d, w)
+            if grad_w_rows is not None:
+                torch.mm(d.t(), self.hidden, out=grad_w_rows)
+            return
+        n, width = d.shape
+        d_low, w_low = self.d_low[: n * width].view(n, width).copy_(d), self.w_low[:width].copy_(w)
+        if self.emulate:
+            d.copy_(d_low)  # d, w: their bf16 values in float32
+            w = self.w_wide[:width].copy_(w_low)
+            if grad_h is not None:
+                grad_h.add_(self.grad_h_low.copy_(torch.mm(d, w, out=self.grad_h_wide)))
+            if grad_w_rows is not None:
+                torch.mm(d.t(), self.hidden_low, out=grad_w_rows)
+                grad_w_rows.copy_(w_low.copy_(grad_w_rows))  # rounded to bf16 (w_low is free again)
+            return
+        if grad_h is not None:
+            grad_h.add_(torch.mm(d_low, w_low, out=self.grad_h_low))
+        if grad_w_rows is not None:
+            grad_w_rows.copy_(torch.mm(d_low.t(), self.hidden_low, out=self.grad_w_low[:width]))
 
 
 def _chunk_buffer(hidden: torch.Tensor, weight: torch.Tensor, chunk: int) -> torch.Tensor:

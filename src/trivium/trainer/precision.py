@@ -17,6 +17,7 @@ The hardware probe and the bf16 emulation for CPUs without bf16 instructions are
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from trivium.models.bf16 import (
     model_bf16_speedup,
     native_bf16,
 )
+from trivium.trainer.logprobs import head_gradients_in_autocast
 from trivium.trainer.probe_cache import remembered_speedup
 
 __all__ = ["AUTO_MIN_SPEEDUP", "Precision", "Probe", "choose_precision", "model_probe", "resolve"]
@@ -48,6 +50,8 @@ class Precision:
     name: str
     device_type: str
     reason: str
+    # trainer.head_grad_precision: "autocast" runs the chunked head's gradient products in ``dtype`` too
+    head_grad_precision: str = "fp32"
 
     @property
     def dtype(self) -> torch.dtype | None:
@@ -58,7 +62,12 @@ class Precision:
         """Context of every forward pass of the trainer's models (no-op for fp32)."""
         if self.dtype is None:
             return contextlib.nullcontext()
-        return bf16_autocast(self.device_type, self.dtype)
+        if self.head_grad_precision != "autocast":
+            return bf16_autocast(self.device_type, self.dtype)
+        stack = contextlib.ExitStack()
+        stack.enter_context(bf16_autocast(self.device_type, self.dtype))
+        stack.enter_context(head_gradients_in_autocast())
+        return stack
 
     def backward_context(self):
         """Context of every backward pass: bf16's matrix-product emulation on CPUs without bf16
@@ -82,7 +91,10 @@ class Precision:
         return torch.amp.GradScaler(self.device_type) if self.name == "fp16" else None
 
     def describe(self, setting: str) -> str:
-        return f"trainer.precision {setting} -> {self.name}: {self.reason}"
+        line = f"trainer.precision {setting} -> {self.name}: {self.reason}"
+        if self.dtype is not None and self.head_grad_precision == "autocast":
+            line += f"; the vocabulary head's gradient products in {self.name} (trainer.head_grad_precision)"
+        return line
 
 
 # auto takes bf16 only where it is at least this much faster than fp32 on the model's own passes: below it
@@ -143,14 +155,19 @@ def choose_precision(
     device: torch.device,
     weights_dtype: torch.dtype = torch.float32,
     probe: Probe | None = None,
+    head_grad_precision: str = "fp32",
 ) -> Precision:
     """The precision of ``trainer.precision: setting`` for weights of ``weights_dtype`` on ``device``.
 
     ``auto`` on hardware with native bf16 runs ``probe`` (see ``model_probe``) and takes bf16 where it is
     at least ``AUTO_MIN_SPEEDUP`` times as fast as fp32; without a probe it takes bf16. Raises ValueError
     (naming the field) for fp16 off CUDA and for autocast over low-precision weights, which would leave no
-    float32 master copy."""
-    device = torch.device(device)
+    float32 master copy. ``head_grad_precision``: ``trainer.head_grad_precision``, kept on the result."""
+    chosen = _choose(setting, torch.device(device), weights_dtype, probe)
+    return dataclasses.replace(chosen, head_grad_precision=head_grad_precision)
+
+
+def _choose(setting: str, device: torch.device, weights_dtype: torch.dtype, probe: Probe | None) -> Precision:
     if setting not in ("auto", "fp32", "bf16", "fp16"):
         raise ValueError(f"trainer.precision={setting!r} is not one of auto, fp32, bf16, fp16")
     if setting == "fp32":

@@ -114,6 +114,7 @@ class Trainer:
             next(model.parameters()).dtype,
             # ranks must agree: one rank's timing is not another's, so several ranks take the hardware's word
             model_probe(model, self.device) if self.parallel.world_size == 1 else None,
+            head_grad_precision=cfg.head_grad_precision,
         )
         if self.parallel.is_leader:
             log.info("%s", self.precision.describe(cfg.precision))
