@@ -102,6 +102,26 @@ def test_long_bf16_runs_on_a_cpu_with_bf16_instructions_get_compile_suggested(mo
     assert grpo(1e12, long, bf16)[1] == {}  # bf16 emulated: compile is not applied there
 
 
+def test_bf16_runs_through_a_large_vocabulary_get_the_heads_bf16_products_suggested(monkeypatch):
+    """Where it was measured to pay: bf16 training on a CPU that multiplies bf16 natively through the chunked
+    head of a vocabulary of at least HEAD_LOW_MIN_VOCAB tokens; not below it (the quickstart's 384), in
+    fp32, with emulated bf16, or where it is set already."""
+    import trivium.launch.doctor_advice as doctor_advice
+
+    monkeypatch.setenv("TRIVIUM_FAST_BF16", "1")
+    bf16 = "trainer.precision=bf16"
+    assert grpo(1e12, bf16)[1] == {}  # a 384-token vocabulary
+    monkeypatch.setattr(doctor_advice, "HEAD_LOW_MIN_VOCAB", 384)  # as if the vocabulary were large
+    facts, advice = grpo(1e12, bf16)
+    assert advice == {"trainer.head_grad_precision": "autocast"}
+    assert "384-token vocabulary head" in facts.advice[0].why
+    assert "advice       memory: fits" in "\n".join(facts.lines)  # a speed suggestion
+    assert grpo(1e12, bf16, "trainer.head_grad_precision=autocast")[1] == {}
+    assert grpo(1e12, "trainer.precision=fp32")[1] == {"trainer.precision": "auto"}
+    monkeypatch.setenv("TRIVIUM_FAST_BF16", "0")
+    assert grpo(1e12, bf16)[1] == {}  # bf16 emulated
+
+
 # The Qwen2.5-0.5B shape (benchmarks/ladder.py's largest rung), 8 rows of 1k tokens a pass, trained alone.
 SHAPE = ModelShape(params=494_032_768, layers=24, hidden=896, heads=14, kv_heads=2, head_dim=64,
                    intermediate=4864, vocab=151_936, tied=True)  # fmt: skip

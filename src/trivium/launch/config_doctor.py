@@ -245,13 +245,13 @@ def stage_facts(stage, index: int, count: int, memory: float | None = None) -> S
         where,
         total,
         precision,
-        shape.params,
+        shape,
     )
     return StageFacts(stage.name, lines + advice_lines, shapes, est, total, advice)
 
 
 def _advice(
-    cfg, shapes, est, estimate_with, model, trains, memory, in_flight_at, where, steps, precision, params
+    cfg, shapes, est, estimate_with, model, trains, memory, in_flight_at, where, steps, precision, shape
 ) -> tuple[list, list[str]]:
     """The doctor's suggestions for the stage (``doctor_advice``), each setting as the path ``--set`` takes
     (``where``: ``stages.<i>.`` in a run of several stages), and their lines."""
@@ -274,7 +274,8 @@ def _advice(
         steps,
         None if precision is None else precision.name,
         device.type,
-        params,
+        shape.params,
+        shape.vocab,
     )
     advice = [dataclasses.replace(a, setting=where + a.setting) if a.setting else a for a in advice]
     lines = [f"  advice       {a.line()}" for a in advice]

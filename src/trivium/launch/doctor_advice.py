@@ -22,6 +22,11 @@ What is suggested, and what is not:
   after 61 and 29 steps). Not suggested on CUDA nor in fp32, where it is not measured to pay, nor for smaller
   models (the quickstart's 1M model: 0.93x a step, paid back after 449 steps) or shorter runs (tests, smoke
   runs), where the compile would not pay.
+- ``trainer.head_grad_precision: autocast`` where the stage trains in bf16 on a CPU that multiplies bf16
+  natively through the chunked vocabulary head at a vocabulary of at least ``HEAD_LOW_MIN_VOCAB`` tokens:
+  there the head's two float32 gradient products are a large share of the train phase (the 0.5B rung of
+  ``benchmarks/ladder.py`` at 151,936 tokens: 0.53x -> 0.44x TRL's step on an AMX CPU). Not the default,
+  since it changes the run's numerics (docs/performance.md); not suggested on CUDA, where it is not measured.
 - Where even one row a pass does not fit, one lever at a time, each with the rows that then fit:
   ``explorer.max_concurrency`` (fewer tasks sampled at once: a smaller KV cache, when sampling is the larger
   part), ``explorer.rollout.dtype: bfloat16`` (the in-process engine's copy of the weights and its KV cache in
@@ -51,6 +56,7 @@ __all__ = [
     "COMPILE_MIN_PARAMS",
     "COMPILE_WORTH_STEPS",
     "FILL",
+    "HEAD_LOW_MIN_VOCAB",
     "SPEED_SETTINGS",
     "Advice",
     "Budget",
@@ -62,6 +68,7 @@ __all__ = [
 FILL = 0.85
 COMPILE_WORTH_STEPS = 200  # trainer.compile's suggestion: over three times the longest payback measured (61)
 COMPILE_MIN_PARAMS = 20_000_000  # ... for models the size of those it was measured to pay for (25M, 100M)
+HEAD_LOW_MIN_VOCAB = 100_000  # trainer.head_grad_precision's suggestion: vocabularies like the 152k measured
 _UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
 
@@ -124,23 +131,17 @@ def advise(
     precision: str | None = None,
     device_type: str = "cpu",
     params: int = 0,
+    vocab: int = 0,
 ) -> list[Advice]:
     """The suggestions for one stage (module docstring). ``estimate_with(shapes, rollout_dtype=..., shards=...)``
     re-estimates the stage with its changes; ``lora_trainable()`` counts rank-16 adapters; ``in_flight_at(k)``:
     the sequences sampled at once with ``explorer.max_concurrency`` k (None: the stage samples nothing);
     ``steps``: the stage's training steps; ``precision``: what ``trainer.precision`` resolves to here;
-    ``params``: the model's parameters."""
+    ``params``: the model's parameters; ``vocab``: its vocabulary."""
     out = []
     t = cfg.trainer
-    if (
-        steps >= COMPILE_WORTH_STEPS
-        and params >= COMPILE_MIN_PARAMS
-        and trains
-        and precision == "bf16"
-        and device_type == "cpu"
-        and native_bf16[0]
-        and not t.compile
-    ):
+    bf16_cpu = trains and precision == "bf16" and device_type == "cpu" and native_bf16[0]
+    if steps >= COMPILE_WORTH_STEPS and params >= COMPILE_MIN_PARAMS and bf16_cpu and not t.compile:
         out.append(
             Advice(
                 "trainer.compile",
@@ -149,6 +150,17 @@ def advise(
                 "instructions: the compiled decoder layers fuse "
                 "the elementwise work that bounds the step there (benchmarks/compile.py on an AMX CPU: 0.75-0.89x "
                 "a step, the ~1 min compile paid back within 30-60 steps)",
+            )
+        )
+    if bf16_cpu and shapes.head_chunk and vocab >= HEAD_LOW_MIN_VOCAB and t.head_grad_precision == "fp32":
+        out.append(
+            Advice(
+                "trainer.head_grad_precision",
+                "autocast",
+                f"bf16 training through a {vocab:,}-token vocabulary head on a CPU with bf16 instructions: its "
+                "two gradient products in bf16 instead of float32 (benchmarks/ladder.py's 0.5B rung on an AMX "
+                "CPU: 0.53x -> 0.44x TRL's step, gradients 0.3% from float32's; it changes the run's numerics, "
+                "docs/performance.md)",
             )
         )
     if trains and t.precision == "fp32" and native_bf16[0]:
@@ -248,7 +260,8 @@ def advise(
     return [*out, Advice(None, None, why)]
 
 
-SPEED_SETTINGS = ("trainer.precision", "trainer.compile")  # advice for speed, not memory
+# advice for speed, not memory
+SPEED_SETTINGS = ("trainer.precision", "trainer.compile", "trainer.head_grad_precision")
 
 
 def _halvings(n: int) -> list[int]:
