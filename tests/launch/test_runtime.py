@@ -110,3 +110,64 @@ def test_a_run_keeps_datasets_unimported_and_its_progress_bars_off_when_it_is():
     env = {k: v for k, v in os.environ.items() if k != "HF_DATASETS_DISABLE_PROGRESS_BARS"}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+HEAP_WORKER = """
+import re, sys, torch
+from trivium.launch.runtime import keep_freed_memory
+assert keep_freed_memory(sys.argv[1] == "1") == (sys.argv[1] == "1")
+x = torch.ones(16 << 20)  # 64 MiB: above glibc's largest dynamic mmap threshold (32 MiB)
+where = x.data_ptr()
+for line in open("/proc/self/maps"):
+    start, end = (int(a, 16) for a in line.split()[0].split("-"))
+    if start <= where < end:
+        print("heap" if line.rstrip().endswith("[heap]") else "mmap")
+"""
+
+
+def test_keep_freed_memory_takes_large_blocks_from_the_heap_where_a_freed_one_is_reused():
+    """runtime.keep_freed_memory: a 64 MiB tensor is a mapping of its own by default (glibc maps it on
+    allocation and unmaps it on free, so the next step's faults its pages in again) and comes from the heap
+    with the setting (where freed blocks stay for reuse). The speed this buys is a benchmark's
+    (docs/performance.md; page-fault counts are no test here: the VM's kernel reclaims idle pages too). In a
+    process of its own: the setting is process-wide."""
+    if __import__("platform").libc_ver()[0] != "glibc":
+        pytest.skip("glibc only")
+    where = {}
+    for on in ("0", "1"):
+        done = subprocess.run(
+            [sys.executable, "-c", HEAP_WORKER, on], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        where[on] = done.stdout.strip().splitlines()[-1]
+    assert where == {"0": "mmap", "1": "heap"}
+
+
+def test_keep_freed_memory_off_changes_nothing(monkeypatch):
+    monkeypatch.delenv("MALLOC_MMAP_MAX_", raising=False)
+    assert runtime.keep_freed_memory(False) is False
+    assert "MALLOC_MMAP_MAX_" not in os.environ
+
+
+def test_a_run_with_keep_freed_memory_sets_it_and_says_so(e2e, tmp_path):
+    """The setting reaches the run: two SFT steps of the tiny task in a process of their own log it."""
+    import yaml
+
+    if __import__("platform").libc_ver()[0] != "glibc":
+        pytest.skip("glibc only")
+    e2e.write(tmp_path)
+    cfg = e2e.config(tmp_path)
+    cfg["stages"] = cfg["stages"][:1]
+    cfg["stages"][0]["buffer"]["total_steps"] = 2
+    cfg["runtime"] = {"keep_freed_memory": True, "num_threads": 1}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    done = subprocess.run(
+        [sys.executable, "-m", "trivium.cli", "run", "-c", str(path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "freed blocks stay in the process for reuse (runtime.keep_freed_memory" in done.stderr

@@ -20,6 +20,12 @@ class RuntimeConfig(StrictModel):
     core.
     Two runs on one machine that each take every core slow each other down many times over (OpenMP
     threads wait on each other; 28x measured on 2 cores): give each run cores / runs (docs/sharing.md)."""
+    keep_freed_memory: bool = False
+    """Linux (glibc) only: malloc keeps the memory a step frees for the next step instead of returning every
+    large block to the kernel, which hands it back as fresh zeroed pages each time (1.4M page faults a 0.5B
+    train step on a 2-core VM). The 0.5B train step 19.8 -> 17.4 s at a 0.47 GB higher peak; no change at
+    the 1M and 25M shapes (docs/performance.md). The process does not give that memory back while it runs
+    (up to 2 GiB of free heap); the processes it starts inherit the setting. Elsewhere: a warning, no effect."""
 
 
 class ActorResources(StrictModel):

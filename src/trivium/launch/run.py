@@ -25,7 +25,7 @@ from trivium.launch.doctor import stall_doctor
 from trivium.launch.loop import RunState
 from trivium.launch.placement import placement_of
 from trivium.launch.resume import find_resume_point
-from trivium.launch.runtime import apply_threads
+from trivium.launch.runtime import apply_threads, keep_freed_memory
 from trivium.launch.stopping import RunStopped
 from trivium.monitor.metrics import METRICS_FILE, MetricsWriter, RunProgress, metrics_path
 from trivium.monitor.phases import PEAK_RSS
@@ -75,6 +75,7 @@ def run(run_cfg: RunConfig, overwrite: bool = False, resume: bool = True) -> Pat
     (run_dir / name).write_text(yaml.safe_dump(resolved, sort_keys=False))
     _quiet_libraries()
     apply_threads(run_cfg.config.runtime.num_threads)
+    keep_freed_memory(run_cfg.config.runtime.keep_freed_memory)
     if not PEAK_RSS.enable(run_cfg.config.monitor.phase_memory) and run_cfg.config.monitor.phase_memory:
         log.warning(
             "monitor.phase_memory: this system has no writable /proc/self/clear_refs; rss/<phase> is not logged"

@@ -17,7 +17,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["apply_threads", "other_runs"]
+__all__ = ["apply_threads", "keep_freed_memory", "other_runs"]
 
 
 def apply_threads(num_threads: int | None) -> int:
@@ -52,6 +52,40 @@ def apply_threads(num_threads: int | None) -> int:
             max(1, cores // (len(others) + 1)),
         )
     return threads
+
+
+# glibc's mallopt parameters (malloc.h) and what runtime.keep_freed_memory sets them to: no block from mmap
+# (every block comes from the heap, where a freed one is reused), and the heap's free top returned to the
+# kernel only beyond 2 GiB (mallopt takes a C int)
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
+KEEP_FREED = {"MALLOC_MMAP_MAX_": 0, "MALLOC_TRIM_THRESHOLD_": 2**31 - 1}
+
+
+def keep_freed_memory(on: bool) -> bool:
+    """``runtime.keep_freed_memory``: where ``on``, set glibc's malloc to keep freed memory in this process
+    (``KEEP_FREED``; and, through the environment, in the processes it starts). Returns whether it is set;
+    off, or not glibc (macOS, musl): False, with a warning for the latter."""
+    if not on:
+        return False
+    import ctypes
+    import platform
+
+    if platform.libc_ver()[0] != "glibc":  # mallopt elsewhere (if any) takes other parameters
+        log.warning("runtime.keep_freed_memory: this C library is not glibc: left off")
+        return False
+    mallopt = ctypes.CDLL(None).mallopt  # this process's C library
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    done = mallopt(_M_MMAP_MAX, KEEP_FREED["MALLOC_MMAP_MAX_"]) and mallopt(
+        _M_TRIM_THRESHOLD, KEEP_FREED["MALLOC_TRIM_THRESHOLD_"]
+    )
+    if not done:
+        log.warning("runtime.keep_freed_memory: glibc's mallopt refused the setting: left off")
+        return False
+    os.environ.update({k: str(v) for k, v in KEEP_FREED.items()})
+    log.info(
+        "memory: freed blocks stay in the process for reuse (runtime.keep_freed_memory; up to 2 GiB of free heap)"
+    )
+    return True
 
 
 def env_threads(environ=os.environ) -> int | None:
