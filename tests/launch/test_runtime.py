@@ -152,6 +152,7 @@ def test_keep_freed_memory_off_changes_nothing(monkeypatch):
 def test_a_run_with_keep_freed_memory_sets_it_and_says_so(e2e, tmp_path):
     """The setting reaches the run: two SFT steps of the tiny task in a process of their own log it."""
     import yaml
+    from tests.launch.helpers import trivium_run
 
     if __import__("platform").libc_ver()[0] != "glibc":
         pytest.skip("glibc only")
@@ -162,12 +163,6 @@ def test_a_run_with_keep_freed_memory_sets_it_and_says_so(e2e, tmp_path):
     cfg["runtime"] = {"keep_freed_memory": True, "num_threads": 1}
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    done = subprocess.run(
-        [sys.executable, "-m", "trivium.cli", "run", "-c", str(path)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = trivium_run(path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "freed blocks stay in the process for reuse (runtime.keep_freed_memory" in done.stderr
