@@ -25,7 +25,8 @@ def grpo(memory: float, *overrides: str):
     changes = [f"stages.1.{kv}" for kv in overrides]
     run_cfg = load_config(QUICKSTART, changes)
     facts = stage_facts(run_cfg.stages[1], 1, len(run_cfg.stages), memory)  # `explain`'s, for this stage only
-    assert all(a.setting.startswith("stages.1.") for a in facts.advice if a.setting)  # what --set takes
+    for a in facts.advice:  # what --set takes: the stage's own settings under stages.1, run-level ones bare
+        assert not a.setting or a.setting.startswith("stages.1.") or a.setting.startswith("runtime."), a
     return facts, {a.setting.removeprefix("stages.1.") if a.setting else None: a.value for a in facts.advice}
 
 
@@ -120,6 +121,27 @@ def test_bf16_runs_through_a_large_vocabulary_get_the_heads_bf16_products_sugges
     assert grpo(1e12, "trainer.precision=fp32")[1] == {"trainer.precision": "auto"}
     monkeypatch.setenv("TRIVIUM_FAST_BF16", "0")
     assert grpo(1e12, bf16)[1] == {}  # bf16 emulated
+
+
+def test_large_models_trained_on_a_cpu_get_keep_freed_memory_suggested_for_the_whole_run(monkeypatch):
+    """At KEEP_FREED_MIN_PARAMS or more on a CPU (glibc): runtime.keep_freed_memory, a run-level setting,
+    suggested as the run's (no stages.1. prefix, which a stage could not take); not below it, nor where it
+    is set."""
+    import platform
+
+    import trivium.launch.doctor_advice as doctor_advice
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("glibc only")
+    monkeypatch.setenv("TRIVIUM_FAST_BF16", "0")
+    assert grpo(1e12)[1] == {}  # the quickstart's 1M model
+    monkeypatch.setattr(doctor_advice, "KEEP_FREED_MIN_PARAMS", 1_000_000)  # as if the model were large
+    facts, advice = grpo(1e12)
+    assert advice == {"runtime.keep_freed_memory": "true"}
+    assert facts.advice[0].setting == "runtime.keep_freed_memory"
+    assert "advice       memory: fits" in "\n".join(facts.lines)  # a speed suggestion
+    run_cfg = load_config(QUICKSTART, ["runtime.keep_freed_memory=true"])  # what --set does with it
+    assert stage_facts(run_cfg.stages[1], 1, len(run_cfg.stages), 1e12).advice == []
 
 
 # The Qwen2.5-0.5B shape (benchmarks/ladder.py's largest rung), 8 rows of 1k tokens a pass, trained alone.

@@ -277,18 +277,28 @@ def _advice(
         shape.params,
         shape.vocab,
     )
-    advice = [dataclasses.replace(a, setting=where + a.setting) if a.setting else a for a in advice]
+    advice = [
+        dataclasses.replace(a, setting=_setting_path(a.setting, where)) if a.setting else a for a in advice
+    ]
     lines = [f"  advice       {a.line()}" for a in advice]
     if budget is None:
         lines.append(
             "  advice       memory: this machine's memory could not be read; pass --memory SIZE to check a plan"
         )
-    elif all(a.setting in [where + k for k in SPEED_SETTINGS] for a in advice):
+    elif all(a.setting in [_setting_path(k, where) for k in SPEED_SETTINGS] for a in advice):
         lines.append(
             f"  advice       memory: fits, the estimated peak {mib(est.peak)} is {est.peak / budget.bytes:.0%} of "
             f"{mib(budget.bytes)} ({budget.source}; the doctor keeps a plan within {FILL:.0%})"
         )
     return advice, lines
+
+
+def _setting_path(setting: str, where: str) -> str:
+    """``setting`` as ``--set`` takes it: under the stage's ``where`` (``stages.<i>.``), but a run-level key
+    (``runtime``, ``cluster``) for the whole run, as a stage cannot change it."""
+    from trivium.validation.load import RUN_LEVEL_KEYS
+
+    return setting if setting.split(".")[0] in RUN_LEVEL_KEYS else where + setting
 
 
 def _batch_lines(cfg, tokenizer, explores: bool) -> tuple[_Batch, list[str]]:
